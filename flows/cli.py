@@ -1,0 +1,145 @@
+"""The `unirl` command.
+
+Commands that need no orchestration (validate, recipes, prompts show, tiny-models) call unirl_core directly;
+commands that run flows (prompts check) go through Prefect. Heavy imports happen inside each command, so
+`unirl --help` stays fast. Exit codes: 0 success, 2 bad input (the message says what and how to fix it).
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+app = typer.Typer(
+    help="unirl: ingest image-text data, precache encodings and train image generators with GRPO.",
+    no_args_is_help=True,
+    add_completion=False,
+    pretty_exceptions_enable=False,
+)
+prompts_app = typer.Typer(help="Inspect and check prompt files (.txt, .jsonl, .json).", no_args_is_help=True)
+app.add_typer(prompts_app, name="prompts")
+
+BAD_INPUT = 2
+
+
+def _fail(message: str) -> typer.Exit:
+    typer.echo(message, err=True)
+    return typer.Exit(code=BAD_INPUT)
+
+
+@app.command()
+def validate(
+    recipe: Annotated[str, typer.Argument(help="Recipe file, or the name of a packaged recipe (see `unirl recipes`).")],
+    set_: Annotated[
+        list[str] | None,
+        typer.Option("--set", "-s", help="Override a value: dotted.key=value (repeatable)."),
+    ] = None,
+) -> None:
+    """Print the fully resolved recipe as YAML, or every error with its dotted path (exit 2)."""
+    from unirl_core.config import RecipeError, dump_resolved, load_recipe
+
+    try:
+        resolved = load_recipe(recipe, set_ or [])
+    except RecipeError as exc:
+        raise _fail(str(exc)) from None
+    typer.echo(dump_resolved(resolved), nl=False)
+
+
+@app.command()
+def recipes() -> None:
+    """List the recipes shipped with unirl (usable by name wherever a recipe file is expected)."""
+    import yaml
+
+    from unirl_core.config import packaged_recipes
+
+    for name, path in sorted(packaged_recipes().items()):
+        description = (yaml.safe_load(path.read_text()) or {}).get("description", "")
+        typer.echo(f"{name:<24} {description}")
+
+
+@prompts_app.command("show")
+def prompts_show(
+    path: Annotated[str, typer.Argument(help="Prompt file: local path or fsspec URL (s3://...).")],
+    limit: Annotated[int | None, typer.Option(help="Show at most N prompts.", min=0)] = None,
+    samples_per_prompt: Annotated[
+        int | None,
+        typer.Option("--samples-per-prompt", "-k", help="Expand into rollout groups of K samples.", min=1),
+    ] = None,
+    prompt_key: Annotated[str, typer.Option(help="JSON key holding the prompt text.")] = "prompt",
+) -> None:
+    """Print the normalized prompts as JSON lines (a count goes to stderr)."""
+    from unirl_core.data.groups import expand_groups
+    from unirl_core.data.prompts import PromptDataError, load_prompts
+
+    try:
+        examples = load_prompts(path, prompt_key=prompt_key)
+    except PromptDataError as exc:
+        raise _fail(f"error: {exc}") from None
+    total = len(examples)
+    examples = examples[:limit] if limit is not None else examples
+    rows = [e.to_dict() for e in examples]
+    if samples_per_prompt:
+        rows = [s.to_dict() for s in expand_groups(examples, samples_per_prompt)]
+    for row in rows:
+        sys.stdout.write(json.dumps(row, ensure_ascii=False) + "\n")
+    shown = f"{len(examples)} of {total} prompts" if len(examples) != total else f"{total} prompts"
+    expanded = f" x {samples_per_prompt} = {len(rows)} samples" if samples_per_prompt else ""
+    typer.echo(f"{shown}{expanded} from {path}", err=True)
+
+
+@prompts_app.command("check")
+def prompts_check(
+    paths: Annotated[list[str], typer.Argument(help="Prompt files to check (each becomes one Prefect task).")],
+    prompt_key: Annotated[str, typer.Option(help="JSON key holding the prompt text.")] = "prompt",
+) -> None:
+    """Check many prompt files in a Prefect flow (one task per file); exit 2 if any is bad."""
+    from flows.prompts import check_prompt_files
+
+    reports = check_prompt_files(paths, prompt_key=prompt_key)
+    for report in reports:
+        status = f"{report['num_prompts']} prompts" if report["ok"] else f"error: {report['error']}"
+        typer.echo(f"{report['path']}: {status}")
+    if not all(r["ok"] for r in reports):
+        raise typer.Exit(code=BAD_INPUT)
+
+
+@app.command("tiny-models")
+def tiny_models(
+    out_dir: Annotated[Path, typer.Argument(help="New folder for the diffusers pipeline.")],
+    family: Annotated[str, typer.Option(help="Model family: sd3 (flow matching) or sd15 (DDIM).")] = "sd3",
+    seed: Annotated[int, typer.Option(help="Seed of the random weights (same seed, same files).")] = 0,
+) -> None:
+    """Write a tiny diffusers pipeline folder (real architecture, random weights) for tests and demos."""
+    from unirl_core.models.tiny import FAMILIES, write_tiny_model
+
+    if family not in FAMILIES:
+        raise _fail(f"error: --family {family!r} is not one of {', '.join(FAMILIES)}")
+    try:
+        out = write_tiny_model(out_dir, family, seed)
+    except FileExistsError as exc:
+        raise _fail(f"error: {exc}") from None
+    size = sum(p.stat().st_size for p in out.rglob("*") if p.is_file())
+    typer.echo(f"wrote tiny {family} pipeline (seed {seed}, {size / 1e6:.1f} MB) to {out}")
+
+
+@app.command()
+def workspace() -> None:
+    """Show the workspace folder (UNIRL_HOME) and the embedded defaults it holds."""
+    from unirl_core.tracking.mlflow_runs import tracking_uri
+    from unirl_core.workspace import workspace as current
+
+    ws = current()
+    typer.echo(f"workspace     {ws.root}  (UNIRL_HOME)")
+    typer.echo(f"mlflow        {tracking_uri()}")
+    typer.echo(f"artifacts     {ws.mlflow_artifacts}")
+    typer.echo(f"data          {ws.data}")
+    typer.echo(f"outputs       {ws.outputs}")
+    typer.echo(f"checkpoints   {ws.checkpoints}")
+
+
+if __name__ == "__main__":
+    app()

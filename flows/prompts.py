@@ -1,0 +1,20 @@
+"""Prompt-file checks as a flow: one task per file, run concurrently, a summary artifact in the Prefect UI."""
+
+from __future__ import annotations
+
+from prefect import flow
+from prefect.artifacts import create_table_artifact
+
+from tasks.prompts import check_prompt_file
+
+
+@flow(name="check-prompt-files", log_prints=True)
+def check_prompt_files(paths: list[str], prompt_key: str = "prompt") -> list[dict]:
+    """Validate prompt files (.txt, .jsonl, .json; local or s3://) before they feed a training run."""
+    reports = [future.result() for future in check_prompt_file.map(paths, prompt_key=prompt_key)]
+    create_table_artifact(
+        key="prompt-file-check",
+        table=[{k: r[k] for k in ("path", "ok", "num_prompts", "error")} for r in reports],
+        description=f"{sum(r['ok'] for r in reports)} of {len(reports)} prompt files usable",
+    )
+    return reports

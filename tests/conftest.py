@@ -1,0 +1,87 @@
+"""Shared fixtures: real services, started once per session, torn down at the end.
+
+| fixture          | what it is                                                             | scope   |
+|------------------|------------------------------------------------------------------------|---------|
+| prefect_harness  | Prefect's test harness: a temporary database and ephemeral API server  | session |
+| ray_local        | a local Ray (2 CPUs, no dashboard, no token auth, own temp dir)        | session |
+| mlflow_uri       | MLFLOW_TRACKING_URI pointing at a sqlite file in a temp folder          | test    |
+| tiny_model       | a tiny diffusers pipeline folder per family (sd3, sd15), built once    | session |
+| s3_endpoint      | moto's threaded S3 server on 127.0.0.1 with a bucket, dummy credentials | session |
+
+Nothing here downloads anything: HF_HUB_OFFLINE is set before any library is imported.
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+
+# Set before prefect/ray/mlflow/transformers are imported by any test module.
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("MLFLOW_DISABLE_TELEMETRY", "true")
+os.environ.setdefault("RAY_AUTH_MODE", "disabled")
+os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
+os.environ.setdefault("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", "120")
+os.environ.setdefault("DO_NOT_TRACK", "1")
+os.environ["UNIRL_HOME"] = tempfile.mkdtemp(prefix="unirl-home-")
+
+import pytest  # noqa: E402
+
+
+@pytest.fixture(scope="session")
+def prefect_harness():
+    from prefect.testing.utilities import prefect_test_harness
+
+    with prefect_test_harness(server_startup_timeout=120):
+        yield
+
+
+@pytest.fixture(scope="session")
+def ray_local():
+    from unirl_core.distributed.cluster import ray_cluster
+
+    # A short temp path: Ray's unix socket paths must stay under 107 characters.
+    temp_dir = tempfile.mkdtemp(prefix="ray-", dir="/tmp")
+    with ray_cluster(num_cpus=2, temp_dir=temp_dir) as resources:
+        yield resources
+
+
+@pytest.fixture
+def mlflow_uri(tmp_path, monkeypatch):
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", uri)
+    monkeypatch.setenv("UNIRL_HOME", str(tmp_path / "home"))
+    return uri
+
+
+@pytest.fixture(scope="session", params=["sd3", "sd15"])
+def tiny_model(request, tmp_path_factory):
+    from unirl_core.models.tiny import write_tiny_model
+
+    family = request.param
+    return family, write_tiny_model(tmp_path_factory.mktemp(f"tiny-{family}") / "pipeline", family, seed=0)
+
+
+@pytest.fixture(scope="session")
+def s3_endpoint():
+    """An S3-compatible endpoint (moto's server, a real HTTP listener) with the bucket `unirl-test`."""
+    import boto3
+    from moto.server import ThreadedMotoServer
+
+    server = ThreadedMotoServer(ip_address="127.0.0.1", port=0)
+    server.start()
+    host, port = server.get_host_and_port()
+    endpoint = f"http://{host}:{port}"
+    saved = {k: os.environ.get(k) for k in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_ENDPOINT_URL")}
+    os.environ.update(AWS_ACCESS_KEY_ID="testing", AWS_SECRET_ACCESS_KEY="testing", AWS_ENDPOINT_URL=endpoint)
+    os.environ.setdefault("AWS_DEFAULT_REGION", "us-east-1")
+    boto3.client("s3", endpoint_url=endpoint, region_name="us-east-1").create_bucket(Bucket="unirl-test")
+    try:
+        yield endpoint
+    finally:
+        server.stop()
+        for key, value in saved.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value

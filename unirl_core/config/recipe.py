@@ -1,0 +1,232 @@
+"""Recipe loading: YAML file (or packaged name) -> `${env:...}` interpolation -> `--set` overrides -> typed Recipe.
+
+Every problem found on the way is collected, not just the first, and reported with its dotted path, the bad
+value and what is allowed (`RecipeError`). This is the seed's "validate composition before launching Ray work".
+"""
+
+from __future__ import annotations
+
+import copy
+import difflib
+import os
+import re
+import types
+import typing
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+import yaml
+from pydantic import BaseModel, ValidationError
+
+from unirl_core.config.schema import Recipe
+
+_ENV_PATTERN = re.compile(r"\$\{env:([A-Za-z_][A-Za-z0-9_]*)(?:,([^}]*))?\}")
+_KEY_PATTERN = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*(\.([A-Za-z_][A-Za-z0-9_]*|[0-9]+))*$")
+_MISSING = "<missing>"
+
+
+@dataclass(frozen=True)
+class RecipeIssue:
+    path: str  # dotted path in the recipe, e.g. train.data.prompts_per_rollout
+    value: Any  # the offending value as given
+    message: str  # what is wrong and what is allowed
+
+    def __str__(self) -> str:
+        shown = self.value if self.value is _MISSING else repr(self.value)
+        return f"{self.path or '<recipe>'}: got {shown}; {self.message}"
+
+
+class RecipeError(ValueError):
+    """A recipe that cannot be used; carries every issue found."""
+
+    def __init__(self, source: str, issues: Sequence[RecipeIssue]):
+        self.source = source
+        self.issues = list(issues)
+        lines = [f"recipe {source}: {len(self.issues)} error(s)"] + [f"  {issue}" for issue in self.issues]
+        super().__init__("\n".join(lines))
+
+
+def packaged_recipes() -> dict[str, Path]:
+    """Recipes shipped inside the package, by name (file stem)."""
+    folder = resources.files("unirl_core") / "recipes"
+    return {Path(p.name).stem: Path(str(p)) for p in folder.iterdir() if p.name.endswith((".yaml", ".yml"))}
+
+
+def resolve_recipe_path(ref: str | os.PathLike) -> Path:
+    """A recipe file path, or the name of a packaged recipe (`demo`)."""
+    path = Path(ref).expanduser()
+    if path.is_file():
+        return path
+    packaged = packaged_recipes()
+    if str(ref) in packaged:
+        return packaged[str(ref)]
+    raise RecipeError(
+        str(ref),
+        [
+            RecipeIssue(
+                "",
+                str(ref),
+                f"no such file and no packaged recipe of that name; packaged: {sorted(packaged)}",
+            )
+        ],
+    )
+
+
+def load_recipe(ref: str | os.PathLike, overrides: Sequence[str] = (), env: Mapping[str, str] | None = None) -> Recipe:
+    """Load, interpolate, override and validate a recipe. Raises RecipeError listing every problem."""
+    path = resolve_recipe_path(ref)
+    try:
+        tree = yaml.safe_load(path.read_text(encoding="utf-8"))
+    except yaml.YAMLError as exc:
+        raise RecipeError(str(path), [RecipeIssue("", _MISSING, f"not valid YAML: {exc}")]) from None
+    tree = {} if tree is None else tree
+    if not isinstance(tree, dict):
+        raise RecipeError(str(path), [RecipeIssue("", tree, "a recipe is a YAML mapping of sections")])
+    tree.setdefault("name", path.stem)
+    return recipe_from_tree(tree, overrides, env=env, source=str(path))
+
+
+def recipe_from_tree(
+    tree: Mapping[str, Any],
+    overrides: Sequence[str] = (),
+    env: Mapping[str, str] | None = None,
+    source: str = "<recipe>",
+) -> Recipe:
+    issues: list[RecipeIssue] = []
+    tree = interpolate_env(copy.deepcopy(dict(tree)), os.environ if env is None else env, issues)
+    for override in overrides:
+        apply_override(tree, override, issues)
+    if issues:
+        raise RecipeError(source, issues)
+    try:
+        recipe = Recipe.model_validate(tree)
+    except ValidationError as exc:
+        raise RecipeError(source, [_issue_from_pydantic(err) for err in exc.errors()]) from None
+    issues = [RecipeIssue(path, value, message) for path, value, message in recipe.problems()]
+    if issues:
+        raise RecipeError(source, issues)
+    return recipe
+
+
+def dump_resolved(recipe: Recipe) -> str:
+    """The fully resolved recipe as YAML (every default spelled out)."""
+    return yaml.safe_dump(recipe.model_dump(mode="json"), sort_keys=False, allow_unicode=True)
+
+
+def interpolate_env(node: Any, env: Mapping[str, str], issues: list[RecipeIssue], path: str = "") -> Any:
+    """Replace `${env:NAME}` and `${env:NAME,default}` in every string of the tree."""
+    if isinstance(node, dict):
+        return {k: interpolate_env(v, env, issues, _join(path, str(k))) for k, v in node.items()}
+    if isinstance(node, list):
+        return [interpolate_env(v, env, issues, _join(path, str(i))) for i, v in enumerate(node)]
+    if not isinstance(node, str):
+        return node
+
+    def substitute(match: re.Match) -> str:
+        name, default = match.group(1), match.group(2)
+        if name in env:
+            return env[name]
+        if default is not None:
+            return default
+        issues.append(
+            RecipeIssue(
+                path,
+                node,
+                f"environment variable {name} is not set; export it or give a default: ${{env:{name},<default>}}",
+            )
+        )
+        return match.group(0)
+
+    return _ENV_PATTERN.sub(substitute, node)
+
+
+def apply_override(tree: dict, override: str, issues: list[RecipeIssue]) -> None:
+    """Apply one `dotted.key=value` override. Values stay strings (the typed models convert them, as they do
+    environment values) except `null`/`~` (None) and YAML lists/maps written `[...]`/`{...}`."""
+    key, sep, raw = override.partition("=")
+    key = key.strip()
+    if not sep or not _KEY_PATTERN.match(key):
+        issues.append(RecipeIssue("", override, "an override is dotted.key=value, e.g. train.data.data_path=/x.json"))
+        return
+    value = _parse_override_value(raw)
+    *parents, leaf = key.split(".")
+    node: Any = tree
+    for i, part in enumerate(parents):
+        child = _get_child(node, part)
+        if child is None:
+            child = {}
+            _set_child(node, part, child)
+        if not isinstance(child, dict | list):
+            where = ".".join(parents[: i + 1])
+            issues.append(RecipeIssue(where, child, f"cannot set {key}: {where} is a value, not a section"))
+            return
+        node = child
+    if isinstance(node, list) and not (leaf.isdigit() and int(leaf) < len(node)):
+        issues.append(RecipeIssue(key, value, f"index out of range: the list has {len(node)} item(s)"))
+        return
+    _set_child(node, leaf, value)
+
+
+def _parse_override_value(raw: str) -> Any:
+    text = raw.strip()
+    if text in ("null", "~"):
+        return None
+    if text.startswith(("[", "{")):
+        try:
+            return yaml.safe_load(text)
+        except yaml.YAMLError:
+            return raw
+    return raw
+
+
+def _get_child(node: dict | list, part: str) -> Any:
+    if isinstance(node, list):
+        return node[int(part)] if part.isdigit() and int(part) < len(node) else None
+    return node.get(part)
+
+
+def _set_child(node: dict | list, part: str, value: Any) -> None:
+    if isinstance(node, list):
+        node[int(part)] = value
+    else:
+        node[part] = value
+
+
+def _join(path: str, part: str) -> str:
+    return f"{path}.{part}" if path else part
+
+
+def _issue_from_pydantic(err: dict) -> RecipeIssue:
+    loc = [str(p) for p in err["loc"]]
+    path = ".".join(loc)
+    value = err.get("input", _MISSING)
+    if err["type"] == "missing":
+        return RecipeIssue(path, _MISSING, "this field is required")
+    if err["type"] == "extra_forbidden":
+        allowed = _allowed_keys(loc[:-1])
+        hint = difflib.get_close_matches(loc[-1], allowed, n=1)
+        suggestion = f"did you mean '{hint[0]}'? " if hint else ""
+        return RecipeIssue(path, value, f"unknown key; {suggestion}allowed here: {', '.join(allowed)}")
+    return RecipeIssue(path, value, err["msg"])
+
+
+def _allowed_keys(loc: Sequence[str]) -> list[str]:
+    model: type[BaseModel] | None = Recipe
+    for part in loc:
+        field = model.model_fields.get(part) if model else None
+        model = _model_class(field.annotation) if field else None
+    return list(model.model_fields) if model else []
+
+
+def _model_class(annotation: Any) -> type[BaseModel] | None:
+    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+        return annotation
+    if typing.get_origin(annotation) in (typing.Union, types.UnionType):
+        for arg in typing.get_args(annotation):
+            found = _model_class(arg)
+            if found:
+                return found
+    return None

@@ -1,0 +1,156 @@
+"""Typed recipe models: one config system from YAML to the Prefect UI form.
+
+A recipe file holds up to three sections, `ingest`, `precache` and `train`, each optional. Every model refuses
+unknown keys (a typo is an error, never a silently ignored setting) and documents each field with its meaning,
+its unit, and whether it is global or per rank. The docstring under a field is its description: it shows in
+`unirl validate`'s errors, in the JSON schema and in the Prefect UI form.
+
+Batch arithmetic (global, per rollout):
+    prompts_per_rollout x samples_per_prompt = samples per rollout, e.g. 4 x 4 = 16.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Annotated, Any
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+Problem = tuple[str, Any, str]  # (dotted path relative to the model, offending value, what is allowed)
+
+
+class StrictModel(BaseModel):
+    """Base of every config model: unknown keys refused, assignments validated, field docstrings documented."""
+
+    model_config = ConfigDict(extra="forbid", validate_assignment=True, use_attribute_docstrings=True)
+
+    def problems(self) -> Iterator[Problem]:
+        """Cross-field checks a single field's type cannot express. Paths are relative to this model."""
+        for name in type(self).model_fields:
+            value = getattr(self, name)
+            if isinstance(value, StrictModel):
+                for path, bad, message in value.problems():
+                    yield f"{name}.{path}", bad, message
+
+
+class IngestConfig(StrictModel):
+    """Parquet -> WebDataset shards (NeMo's download/reorganize/wdinfo stages). Its settings arrive with the
+    ingest flow; until then the section must be empty."""
+
+
+class PrecacheConfig(StrictModel):
+    """Frozen-encoder precache of shards into embedding shards. Its settings arrive with the precache flow;
+    until then the section must be empty."""
+
+
+class DataConfig(StrictModel):
+    """Where training prompts come from and how they are batched (the seed's `data_source`)."""
+
+    source: str = "file"
+    """Prompt source: `file` reads `data_path`, shuffles each epoch with `seed` and drops the last partial
+    batch; `smoke` ignores `data_path` and cycles a few built-in prompts. A dotted class path
+    (`package.module.Class`) selects a custom source."""
+
+    data_path: str | None = None
+    """Training prompt file: `.txt` (one prompt per line), `.jsonl` or `.json`; a local path or an fsspec URL
+    (`s3://bucket/prompts.jsonl`). Required by the `file` source. Recipes usually read it from `${env:DATA_PATH}`."""
+
+    eval_data_path: str | None = None
+    """Optional eval prompt file (same formats), read in file order, never shuffled. Usually `${env:EVAL_DATA_PATH,}`."""
+
+    prompt_key: str = "prompt"
+    """Key holding the prompt text in JSON objects, when it is not `prompt` (`caption` is always accepted)."""
+
+    prompts_per_rollout: Annotated[int, Field(gt=0)] = 4
+    """Global: distinct prompts per rollout (the loader's batch size). Prompts are not pre-duplicated; each is
+    repeated `train.sampling.samples_per_prompt` times later, in the rollout."""
+
+    shuffle: bool = True
+    """Shuffle the prompt order each epoch (the `file` source). False keeps file order."""
+
+    seed: int = 0
+    """Seed of the epoch shuffle: epoch e uses the permutation drawn from (seed, e), so a resume is exact."""
+
+    @field_validator("data_path", "eval_data_path", mode="before")
+    @classmethod
+    def _empty_is_unset(cls, value: Any) -> Any:
+        return None if value == "" else value  # `${env:EVAL_DATA_PATH,}` with the variable unset
+
+    def problems(self) -> Iterator[Problem]:
+        from unirl_core.data.sources import SOURCES
+
+        if self.source not in SOURCES and "." not in self.source:
+            yield (
+                "source",
+                self.source,
+                f"a registered source ({', '.join(sorted(SOURCES))}) or a dotted class path",
+            )
+        if self.source == "file" and not self.data_path:
+            yield (
+                "data_path",
+                self.data_path,
+                "a prompt file path: the `file` source needs one (set DATA_PATH or --set train.data.data_path=...)",
+            )
+
+
+class SamplingConfig(StrictModel):
+    """How each rollout samples images. Prompt rows can never set these (the seed: they come from cfg.sampling)."""
+
+    samples_per_prompt: Annotated[int, Field(ge=1)] = 4
+    """Global: images generated per prompt, the GRPO group size. Siblings share a `group_id`."""
+
+    num_inference_steps: Annotated[int, Field(ge=1)] = 10
+    """Denoising steps per image."""
+
+    guidance_scale: Annotated[float, Field(ge=0.0)] = 4.5
+    """Classifier-free guidance scale; 1.0 or less turns guidance off."""
+
+    height: Annotated[int, Field(gt=0, multiple_of=8)] = 512
+    """Image height in pixels (a multiple of 8, the VAE's downsampling)."""
+
+    width: Annotated[int, Field(gt=0, multiple_of=8)] = 512
+    """Image width in pixels (a multiple of 8, the VAE's downsampling)."""
+
+    negative_prompt: str = ""
+    """Negative prompt used for every sample when guidance is on; empty means the unconditional embedding."""
+
+    seed: int = 0
+    """Base seed of the initial noise; each sample's noise derives from (seed, step, sample index)."""
+
+
+class TrainConfig(StrictModel):
+    """Training rounds: data and sampling today; the model, algorithm and rounds arrive with their issues."""
+
+    output_dir: str | None = None
+    """Folder for this training's checkpoints and samples (local path or fsspec URL). Empty: the workspace
+    (`$UNIRL_HOME/outputs`). Recipes usually read it from `${env:OUTPUT_DIR,...}`."""
+
+    @field_validator("output_dir", mode="before")
+    @classmethod
+    def _empty_is_unset(cls, value: Any) -> Any:
+        return None if value == "" else value
+
+    data: DataConfig = DataConfig()
+    """Prompt data source and rollout batch size."""
+
+    sampling: SamplingConfig = SamplingConfig()
+    """Sampling settings shared by every rollout."""
+
+
+class Recipe(StrictModel):
+    """A unirl recipe: any of the three stages, each optional."""
+
+    name: str | None = None
+    """Short name of the recipe, used in run names. Empty: the recipe file's stem."""
+
+    description: str | None = None
+    """Free text shown by `unirl validate`."""
+
+    ingest: IngestConfig | None = None
+    """Dataset ingest: parquet to WebDataset shards."""
+
+    precache: PrecacheConfig | None = None
+    """Encoding precache: frozen encoders to embedding shards."""
+
+    train: TrainConfig | None = None
+    """Training rounds: supervised warm-up, then RL."""

@@ -1,0 +1,75 @@
+"""Storage through fsspec: local paths and URLs (s3:// through s3fs) read and written the same way.
+
+Credentials and endpoints come from the environment (AWS_ACCESS_KEY_ID, AWS_ENDPOINT_URL, ...) or IAM roles,
+never from recipes. Writes are atomic: locally a temporary name in the same folder, fsync, rename; on object
+stores a single PUT (an object is never partly visible).
+"""
+
+from __future__ import annotations
+
+import os
+import posixpath
+import tempfile
+from pathlib import Path
+
+import fsspec
+
+
+def is_url(path: str) -> bool:
+    """True for fsspec URLs with a scheme (`s3://...`); False for local paths."""
+    return "://" in str(path)
+
+
+def parent(path: str) -> str:
+    """The folder holding `path`: absolute for local paths, `scheme://bucket/dir` for URLs."""
+    if is_url(path):
+        scheme, rest = path.split("://", 1)
+        return f"{scheme}://{posixpath.dirname(rest)}"
+    return str(Path(path).expanduser().resolve().parent)
+
+
+def join(folder: str, relative: str) -> str:
+    """`relative` resolved against `folder` (local or URL), with `..` segments normalized."""
+    if is_url(folder):
+        scheme, rest = folder.split("://", 1)
+        return f"{scheme}://{posixpath.normpath(posixpath.join(rest, relative))}"
+    return os.path.normpath(os.path.join(folder, relative))
+
+
+def basename(path: str) -> str:
+    return posixpath.basename(str(path).rstrip("/")) if is_url(path) else Path(path).name
+
+
+def read_text(path: str, encoding: str = "utf-8") -> str:
+    with fsspec.open(str(path), "rt", encoding=encoding) as f:
+        return f.read()
+
+
+def read_bytes(path: str) -> bytes:
+    with fsspec.open(str(path), "rb") as f:
+        return f.read()
+
+
+def exists(path: str) -> bool:
+    fs, fs_path = fsspec.core.url_to_fs(str(path))
+    return fs.exists(fs_path)
+
+
+def write_bytes_atomic(path: str, data: bytes) -> None:
+    """Write `data` so that `path` holds either nothing (or its old content) or all of `data`."""
+    if is_url(path):
+        fs, fs_path = fsspec.core.url_to_fs(path)
+        fs.pipe_file(fs_path, data)
+        return
+    target = Path(path)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent)
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, target)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
