@@ -61,7 +61,9 @@ class WorkerGroup:
             actor_cls = ray.remote(num_cpus=cpus_per_worker, num_gpus=gpus_per_worker)(worker_cls)
             self.workers = [
                 actor_cls.options(
-                    scheduling_strategy=PlacementGroupSchedulingStrategy(self.placement_group, bundle_index=i)
+                    scheduling_strategy=PlacementGroupSchedulingStrategy(
+                        self.placement_group, placement_group_bundle_index=i
+                    )
                 ).remote()
                 for i in range(world_size)
             ]

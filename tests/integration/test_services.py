@@ -1,0 +1,113 @@
+"""Each shared fixture's real service, used the way the pipeline uses it."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from unirl_core.config import Recipe  # module level: the flow below resolves its annotation from here
+
+pytestmark = pytest.mark.slow
+
+
+def test_prefect_flow_maps_a_task_over_prompt_files(prefect_harness, tmp_path):
+    from prefect.client.orchestration import get_client
+    from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterId
+
+    from flows.prompts import check_prompt_files
+
+    good = tmp_path / "a.txt"
+    good.write_text("one\ntwo\n")
+    also_good = tmp_path / "b.jsonl"
+    also_good.write_text('{"prompt": "x", "media": [{"modality": "image", "role": "condition", "uri": "c.png"}]}\n')
+    bad = tmp_path / "c.json"
+    bad.write_text(json.dumps([{"prompt": "x", "prompt_embeds": [0.1]}]))
+
+    state = check_prompt_files([str(good), str(also_good), str(bad)], return_state=True)
+    reports = state.result()
+    assert [(r["ok"], r["num_prompts"]) for r in reports] == [(True, 2), (True, 1), (False, 0)]
+    assert reports[1]["with_media"] == 1
+    assert "c.json, item 0: legacy precomputed-embedding field(s) ['prompt_embeds']" in reports[2]["error"]
+
+    with get_client(sync_client=True) as client:
+        flow_run_id = state.state_details.flow_run_id
+        task_runs = client.read_task_runs(flow_run_filter=FlowRunFilter(id=FlowRunFilterId(any_=[flow_run_id])))
+        artifacts = client.read_latest_artifacts()
+    assert sorted(t.name for t in task_runs) == sorted(f"check {p}" for p in (good, also_good, bad))
+    assert all(t.state.is_completed() for t in task_runs)
+    assert any(a.key == "prompt-file-check" for a in artifacts)
+
+
+def test_recipe_models_become_the_prefect_form(prefect_harness):
+    from prefect import flow
+    from prefect.utilities.callables import parameter_schema
+
+    @flow
+    def takes_a_recipe(recipe: Recipe) -> None:
+        pass
+
+    schema = parameter_schema(takes_a_recipe).model_dump()
+    definitions = schema["definitions"]
+    sampling = definitions["SamplingConfig"]["properties"]
+    assert "GRPO group size" in sampling["samples_per_prompt"]["description"]
+    assert definitions["SamplingConfig"]["additionalProperties"] is False
+
+
+def test_ray_actor_pair_all_reduces_over_gloo(ray_local):
+    from unirl_core.distributed.worker_group import WorkerGroup
+
+    assert ray_local["CPU"] == 2
+    with WorkerGroup(world_size=2) as group:
+        assert group.backends == ["gloo", "gloo"]
+        results = group.run("all_reduce_sum", [1.0, 2.0, 3.0])
+    assert results == [[2.0, 4.0, 6.0], [2.0, 4.0, 6.0]]
+    # close() released the placement group: a second group of 2 CPUs can start at once.
+    with WorkerGroup(world_size=2, ready_timeout_s=30) as again:
+        assert again.run("all_reduce_sum", [0.5]) == [[1.0], [1.0]]
+
+
+def test_mlflow_run_is_read_back(mlflow_uri):
+    from mlflow.tracking import MlflowClient
+
+    from unirl_core.tracking.mlflow_runs import log_metrics, mlflow_run
+
+    with mlflow_run("foundation", "round-0", params={"prompts_per_rollout": 4}) as run_id:
+        for step in range(3):
+            log_metrics({"reward_mean": 0.1 * step, "loss": 1.0 / (step + 1)}, step=step)
+    with mlflow_run("foundation", "round-0", run_id=run_id):  # a resumed round logs into the same run
+        log_metrics({"reward_mean": 0.3}, step=3)
+    with pytest.raises(RuntimeError), mlflow_run("foundation", "round-1"):
+        raise RuntimeError("worker lost")
+
+    client = MlflowClient(mlflow_uri)
+    run = client.get_run(run_id)
+    assert run.data.params == {"prompts_per_rollout": "4"}
+    history = client.get_metric_history(run_id, "reward_mean")
+    assert [(m.step, round(m.value, 3)) for m in history] == [(0, 0.0), (1, 0.1), (2, 0.2), (3, 0.3)]
+    assert run.info.status == "FINISHED"
+    experiment = client.get_experiment_by_name("foundation")
+    statuses = {r.info.run_name: r.info.status for r in client.search_runs([experiment.experiment_id])}
+    assert statuses == {"round-0": "FINISHED", "round-1": "FAILED"}
+
+
+def test_parquet_and_prompt_files_round_trip_over_s3(s3_endpoint):
+    import fsspec
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from unirl_core.data.prompts import load_prompts
+    from unirl_core.io import storage
+
+    table = pa.table({"caption": ["a cat", "a dog"], "url": ["http://x/1.jpg", "http://x/2.jpg"]})
+    fs, path = fsspec.core.url_to_fs("s3://unirl-test/raw/part-0.parquet")
+    with fs.open(path, "wb") as f:
+        pq.write_table(table, f)
+    with fsspec.open("s3://unirl-test/raw/part-0.parquet", "rb") as f:
+        assert pq.read_table(f).equals(table)
+
+    row = {"prompt": "edit it", "media_refs": [{"modality": "image", "role": "condition", "uri": "../img/a.png"}]}
+    storage.write_bytes_atomic("s3://unirl-test/prompts/train.jsonl", (json.dumps(row) + "\n").encode())
+    (example,) = load_prompts("s3://unirl-test/prompts/train.jsonl")
+    assert example.prompt_id == "train.jsonl:0"
+    assert example.media_refs[0].uri == "s3://unirl-test/img/a.png"
