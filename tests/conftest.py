@@ -8,7 +8,8 @@
 | tiny_model       | a tiny diffusers pipeline folder per family (sd3, sd15), built once    | session |
 | s3_endpoint      | moto's threaded S3 server on 127.0.0.1 with a bucket, dummy credentials | session |
 
-Nothing here downloads anything: HF_HUB_OFFLINE is set before any library is imported.
+Nothing here downloads anything: HF_HUB_OFFLINE is set before any library is imported, and in the test process a
+connection to any non-loopback address raises.
 """
 
 from __future__ import annotations
@@ -25,7 +26,24 @@ os.environ.setdefault("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", "120")
 os.environ.setdefault("DO_NOT_TRACK", "1")
 os.environ["UNIRL_HOME"] = tempfile.mkdtemp(prefix="unirl-home-")
 
+import ipaddress  # noqa: E402
+import socket  # noqa: E402
+
 import pytest  # noqa: E402
+
+_connect = socket.socket.connect
+
+
+def _loopback_only(self, address):
+    """No test reaches beyond this machine: a connection to a non-loopback address fails loudly."""
+    if self.family in (socket.AF_INET, socket.AF_INET6):
+        host = address[0]
+        if host != "localhost" and not ipaddress.ip_address(host).is_loopback:
+            raise RuntimeError(f"a test tried to reach {address}: tests never download anything")
+    return _connect(self, address)
+
+
+socket.socket.connect = _loopback_only
 
 
 @pytest.fixture(scope="session")
