@@ -8,6 +8,7 @@ commands that run flows (prompts check) go through Prefect. Heavy imports happen
 from __future__ import annotations
 
 import json
+import os
 import sys
 from pathlib import Path
 from typing import Annotated
@@ -24,6 +25,23 @@ prompts_app = typer.Typer(help="Inspect and check prompt files (.txt, .jsonl, .j
 app.add_typer(prompts_app, name="prompts")
 
 BAD_INPUT = 2
+
+
+def _print_version(value: bool) -> None:
+    if value:
+        from importlib.metadata import version
+
+        typer.echo(f"unirl {version('unirl')}")
+        raise typer.Exit()
+
+
+@app.callback()
+def main(
+    version: Annotated[
+        bool, typer.Option("--version", callback=_print_version, is_eager=True, help="Print the version and exit.")
+    ] = False,
+) -> None:
+    """unirl: ingest image-text data, precache encodings and train image generators with GRPO."""
 
 
 def _fail(message: str) -> typer.Exit:
@@ -47,6 +65,14 @@ def validate(
     except RecipeError as exc:
         raise _fail(str(exc)) from None
     typer.echo(dump_resolved(resolved), nl=False)
+
+
+@app.command()
+def schema() -> None:
+    """Print the recipe's JSON Schema (for editor completion of recipe YAML files, and the Prefect form)."""
+    from unirl_core.config import Recipe
+
+    typer.echo(json.dumps(Recipe.model_json_schema(), indent=2))
 
 
 @app.command()
@@ -97,6 +123,7 @@ def prompts_check(
     prompt_key: Annotated[str, typer.Option(help="JSON key holding the prompt text.")] = "prompt",
 ) -> None:
     """Check many prompt files in a Prefect flow (one task per file); exit 2 if any is bad."""
+    _patient_prefect_startup()
     from flows.prompts import check_prompt_files
 
     reports = check_prompt_files(paths, prompt_key=prompt_key)
@@ -105,6 +132,12 @@ def prompts_check(
         typer.echo(f"{report['path']}: {status}")
     if not all(r["ok"] for r in reports):
         raise typer.Exit(code=BAD_INPUT)
+
+
+def _patient_prefect_startup() -> None:
+    """Without PREFECT_API_URL, Prefect starts an ephemeral server whose first database migration takes about
+    20 s, exactly its default start-up timeout: give it 120 s unless the user chose a value."""
+    os.environ.setdefault("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", "120")
 
 
 @app.command("tiny-models")

@@ -116,3 +116,16 @@ def test_workspace_follows_unirl_home(tmp_path):
     result = run("workspace", env={"UNIRL_HOME": str(tmp_path / "ws"), "MLFLOW_TRACKING_URI": ""})
     assert result.exit_code == 0, result.output
     assert f"sqlite:///{tmp_path / 'ws' / 'mlflow.db'}" in result.stdout
+
+
+def test_schema_is_the_recipe_json_schema():
+    result = run("schema")
+    assert result.exit_code == 0
+    schema = json.loads(result.stdout)
+    assert schema["additionalProperties"] is False
+    assert set(schema["properties"]) == {"name", "description", "ingest", "precache", "train"}
+
+
+def test_version():
+    result = run("--version")
+    assert result.exit_code == 0 and result.stdout.startswith("unirl ")
