@@ -105,6 +105,8 @@ def prompts_show(
         examples = load_prompts(path, prompt_key=prompt_key)
     except PromptDataError as exc:
         raise _fail(f"error: {exc}") from None
+    except OSError as exc:  # storage: unreachable endpoint, missing credentials, ...
+        raise _fail(f"error: {path}: cannot read the prompt file ({exc})") from None
     total = len(examples)
     examples = examples[:limit] if limit is not None else examples
     rows = [e.to_dict() for e in examples]
@@ -149,6 +151,7 @@ def tiny_models(
     """Write a tiny diffusers pipeline folder (real architecture, random weights) for tests and demos."""
     from unirl_core.models.tiny import FAMILIES, write_tiny_model
 
+    _quiet_model_libraries()
     if family not in FAMILIES:
         raise _fail(f"error: --family {family!r} is not one of {', '.join(FAMILIES)}")
     try:
@@ -157,6 +160,17 @@ def tiny_models(
         raise _fail(f"error: {exc}") from None
     size = sum(p.stat().st_size for p in out.rglob("*") if p.is_file())
     typer.echo(f"wrote tiny {family} pipeline (seed {seed}, {size / 1e6:.1f} MB) to {out}")
+
+
+def _quiet_model_libraries() -> None:
+    """No progress bars or advisory warnings from diffusers/transformers in a command's output."""
+    import diffusers
+    import transformers
+
+    diffusers.utils.logging.set_verbosity_error()
+    diffusers.utils.logging.disable_progress_bar()
+    transformers.utils.logging.set_verbosity_error()
+    transformers.utils.logging.disable_progress_bar()
 
 
 @app.command()

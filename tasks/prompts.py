@@ -7,7 +7,7 @@ from prefect import task
 from unirl_core.data.prompts import PromptDataError, load_prompts
 
 
-@task(name="check-prompt-file", task_run_name="check {path}", retries=2, retry_delay_seconds=2)
+@task(name="check-prompt-file", task_run_name="check {path}", retries=2, retry_delay_seconds=1)
 def check_prompt_file(path: str, prompt_key: str = "prompt") -> dict:
     """Load and normalize one prompt file. A malformed file is a report, not a failure (the other files still
     run, and retrying cannot fix it); anything else raised, such as a flaky S3 read, is retried."""

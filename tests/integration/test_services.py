@@ -39,6 +39,33 @@ def test_prefect_flow_maps_a_task_over_prompt_files(prefect_harness, tmp_path):
     assert any(a.key == "prompt-file-check" for a in artifacts)
 
 
+def test_prefect_retries_a_flaky_read_and_still_reports_a_dead_one(prefect_harness, tmp_path, monkeypatch):
+    # A stand-in for the store, because a flaky object store cannot be produced on demand here: the first read of
+    # flaky.txt fails like an S3 503, every read of dead.txt fails like an unreachable endpoint.
+    from collections import Counter
+
+    from flows.prompts import check_prompt_files
+    from unirl_core.io import storage
+
+    real_read, calls = storage.read_text, Counter()
+
+    def unreliable_read(path, encoding="utf-8"):
+        calls[path] += 1
+        if path.endswith("dead.txt") or (path.endswith("flaky.txt") and calls[path] == 1):
+            raise ConnectionError("503 Slow Down")
+        return real_read(path, encoding)
+
+    monkeypatch.setattr(storage, "read_text", unreliable_read)
+    flaky, dead = tmp_path / "flaky.txt", tmp_path / "dead.txt"
+    flaky.write_text("a\nb\n")
+    dead.write_text("c\n")
+    reports = check_prompt_files([str(flaky), str(dead)])
+    assert reports[0] == {"path": str(flaky), "ok": True, "num_prompts": 2, "with_media": 0, "error": None}
+    assert calls[str(flaky)] == 2  # retried once, then fine
+    assert not reports[1]["ok"] and "cannot read after retries: 503 Slow Down" in reports[1]["error"]
+    assert calls[str(dead)] == 3  # the first try and 2 retries, then reported, not crashing the flow
+
+
 def test_recipe_models_become_the_prefect_form(prefect_harness):
     from prefect import flow
     from prefect.utilities.callables import parameter_schema

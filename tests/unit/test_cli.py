@@ -108,7 +108,7 @@ def test_tiny_models_refuses_unknown_family_and_non_empty_folder(tmp_path):
     (tmp_path / "full").mkdir()
     (tmp_path / "full" / "x").write_text("keep me")
     result = run("tiny-models", str(tmp_path / "full"))
-    assert result.exit_code == 2 and "is not empty" in result.stderr
+    assert result.exit_code == 2 and "is not an empty folder" in result.stderr
     assert (tmp_path / "full" / "x").read_text() == "keep me"
 
 

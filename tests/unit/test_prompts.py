@@ -189,3 +189,43 @@ def test_unsupported_extension_and_missing_file(tmp_path):
     with pytest.raises(PromptDataError, match="not UTF-8"):
         (tmp_path / "latin.txt").write_bytes(b"caf\xe9\n")
         load_prompts(str(tmp_path / "latin.txt"))
+
+
+@pytest.mark.parametrize(
+    ("name", "content"),
+    [
+        ("bom.txt", "first\nsecond\n"),
+        ("bom.jsonl", '{"prompt": "first"}\n{"prompt": "second"}\n'),
+        ("bom.json", '["first", "second"]'),
+    ],
+)
+def test_byte_order_mark_and_crlf_are_not_part_of_prompts(tmp_path, name, content):
+    path = tmp_path / name
+    path.write_bytes(b"\xef\xbb\xbf" + content.replace("\n", "\r\n").encode())
+    assert [e.prompt for e in load_prompts(str(path))] == ["first", "second"]
+
+
+def test_prompt_ids_are_checked_and_unique(tmp_path):
+    ok = write(tmp_path, "ids.json", [{"prompt": "a", "prompt_id": 3}, {"prompt": "b", "prompt_id": "x"}, "c"])
+    assert [e.prompt_id for e in load_prompts(ok)] == ["3", "x", "ids.json:2"]
+    for bad in (True, "", {"a": 1}, 1.5):
+        with pytest.raises(PromptDataError, match=r"item 0: 'prompt_id' must be a non-empty string or an integer"):
+            load_prompts(write(tmp_path, "bad_id.json", [{"prompt": "a", "prompt_id": bad}]))
+    dup = write(tmp_path, "dup.json", [{"prompt": "a", "prompt_id": "x"}, "b", {"prompt": "c", "prompt_id": "x"}])
+    with pytest.raises(PromptDataError, match=r"dup\.json: prompt_id 'x' is used by records 0 and 2"):
+        load_prompts(dup)
+
+
+def test_a_folder_or_unknown_protocol_is_a_clean_error(tmp_path):
+    (tmp_path / "d.json").mkdir()
+    with pytest.raises(PromptDataError, match=r"d\.json: cannot read the prompt file"):
+        load_prompts(str(tmp_path / "d.json"))
+    with pytest.raises(PromptDataError, match="cannot open .*Protocol not known"):
+        load_prompts("nosuch://bucket/p.txt")
+    with pytest.raises(PromptDataError, match=r"'prompts' must be a list, got str"):
+        load_prompts(write(tmp_path, "p.json", {"prompts": "not a list"}))
+
+
+def test_user_keys_that_merely_mention_embedding_fold_into_metadata(tmp_path):
+    (example,) = load_prompts(write(tmp_path, "m.json", [{"prompt": "a", "style_embedding": "clip"}]))
+    assert example.metadata == {"style_embedding": "clip"}

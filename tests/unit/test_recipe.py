@@ -23,12 +23,14 @@ def test_every_packaged_recipe_resolves_and_round_trips(name):
     assert Recipe.model_validate(yaml.safe_load(resolved)) == recipe
 
 
-def test_packaged_prompts_recipe_reads_env_with_defaults():
+def test_packaged_prompts_recipe_reads_env_with_defaults(tmp_path, monkeypatch):
+    monkeypatch.setenv("UNIRL_HOME", str(tmp_path))
     recipe = load_recipe("prompts_file", env={"DATA_PATH": "s3://b/p.json", "OUTPUT_DIR": "/runs/1"})
     assert recipe.train.data.data_path == "s3://b/p.json"
     assert recipe.train.output_dir == "/runs/1"
     assert recipe.train.data.eval_data_path is None  # ${env:EVAL_DATA_PATH,} with the variable unset
-    assert load_recipe("prompts_file", env=ENV).train.output_dir == "./.unirl/outputs/prompts_file"
+    # OUTPUT_DIR unset: the workspace's outputs folder, spelled out in the resolved recipe
+    assert load_recipe("prompts_file", env=ENV).train.output_dir == str(tmp_path / "outputs" / "prompts_file")
 
 
 def test_missing_env_variable_names_it_and_the_fix():
@@ -71,7 +73,7 @@ def test_overrides_are_typed_by_the_models():
     assert recipe.train.data.shuffle is False
     assert recipe.train.sampling.negative_prompt == "blurry, low quality"
     assert recipe.train.data.data_path == "/x/prompts.json"
-    assert load_recipe("demo", ["train.output_dir=null"]).train.output_dir is None
+    assert load_recipe("demo", ["train.output_dir=/elsewhere"]).train.output_dir == "/elsewhere"
 
 
 def test_every_error_is_reported_with_value_and_what_is_allowed():
@@ -99,7 +101,10 @@ def test_cross_field_checks_point_at_the_field():
     assert "the `file` source needs one" in issues_of(info.value)["train.data.data_path"]
     with pytest.raises(RecipeError) as info:
         recipe_from_tree({"train": {"data": {"source": "bogus"}}})
-    assert "a registered source (file, smoke)" in issues_of(info.value)["train.data.source"]
+    assert (
+        "a registered source (file, smoke) or an importable dotted class path"
+        in issues_of(info.value)["train.data.source"]
+    )
 
 
 @pytest.mark.parametrize(
@@ -142,3 +147,51 @@ def test_every_field_is_documented():
     schema = Recipe.model_json_schema()
     assert _fields_without_description(schema) == []
     assert "Global" in schema["$defs"]["DataConfig"]["properties"]["prompts_per_rollout"]["description"]
+
+
+def test_an_override_replaces_a_value_whose_variable_is_unset():
+    recipe = load_recipe("prompts_file", ["train.data.data_path=/x/prompts.json"], env={})
+    assert recipe.train.data.data_path == "/x/prompts.json"
+
+
+def test_interpolation_edge_cases():
+    tree = {"train": {"data": {"source": "smoke", "prompt_key": "$${env:HOME}"}, "output_dir": "${env:A,${env:B}}"}}
+    with pytest.raises(RecipeError) as info:
+        recipe_from_tree(tree, env={"B": "b"})
+    assert "unresolved `${...}`" in issues_of(info.value)["train.output_dir"]
+    tree["train"]["output_dir"] = "/runs/${env:RUN,default}/x"
+    recipe = recipe_from_tree(tree, env={"HOME": "/root"})
+    assert recipe.train.data.prompt_key == "${env:HOME}"  # `$${` escapes
+    assert recipe.train.output_dir == "/runs/default/x"
+
+
+def test_duplicate_yaml_keys_are_refused(tmp_path):
+    path = tmp_path / "dup.yaml"
+    path.write_text("train:\n  data:\n    source: smoke\n  data:\n    source: file\n")
+    with pytest.raises(RecipeError, match="duplicate key 'data'"):
+        load_recipe(str(path))
+
+
+@pytest.mark.parametrize(
+    ("override", "path", "message"),
+    [
+        ("train.data.seed=-5", "train.data.seed", "greater than or equal to 0"),
+        ("train.sampling.seed=-1", "train.sampling.seed", "greater than or equal to 0"),
+        ("train.sampling.guidance_scale=inf", "train.sampling.guidance_scale", "finite number"),
+        ("train.data.prompts_per_rollout=2.5", "train.data.prompts_per_rollout", "valid integer"),
+        ("train.data.source=os.path", "train.data.source", "is not a class with next_batch()"),
+        ("train.data.source=flows.cli.app", "train.data.source", "is not a class with next_batch()"),
+        ("train.data.source=nowhere.Source", "train.data.source", "importing it failed"),
+        ("ingest.foo=1", "ingest.foo", "this section has no settings yet"),
+    ],
+)
+def test_values_that_would_fail_later_fail_at_validation(override, path, message):
+    with pytest.raises(RecipeError) as info:
+        load_recipe("demo", [override])
+    assert message in issues_of(info.value)[path]
+
+
+def test_yaml_booleans_are_not_counts():
+    with pytest.raises(RecipeError) as info:
+        recipe_from_tree({"train": {"data": {"source": "smoke", "prompts_per_rollout": True}}})
+    assert "not true/false" in issues_of(info.value)["train.data.prompts_per_rollout"]

@@ -69,8 +69,22 @@ def test_file_source_refuses_a_changed_file_on_resume(ten_prompts, tmp_path):
     state = FilePromptSource(ten_prompts, prompts_per_rollout=4).state_dict()
     with open(ten_prompts, "a") as f:
         f.write("one more\n")
-    with pytest.raises(ValueError, match=r"changed since this state was saved \(10 prompts then, 11 now"):
+    with pytest.raises(ValueError, match=r"changed since this state was saved \(num_prompts: 10 then, 11 now"):
         FilePromptSource(ten_prompts, prompts_per_rollout=4).load_state_dict(state)
+
+
+@pytest.mark.parametrize(
+    ("change", "field"),
+    [({"prompts_per_rollout": 2}, "prompts_per_rollout"), ({"seed": 9}, "seed"), ({"shuffle": False}, "shuffle")],
+)
+def test_file_source_refuses_other_settings_on_resume(ten_prompts, change, field):
+    source = FilePromptSource(ten_prompts, prompts_per_rollout=4, seed=0)
+    for _ in range(3):
+        source.next_batch()
+    settings = {"prompts_per_rollout": 4, "seed": 0, "shuffle": True, **change}
+    other = FilePromptSource(ten_prompts, prompts_per_rollout=settings.pop("prompts_per_rollout"), **settings)
+    with pytest.raises(ValueError, match=rf"{field}: "):
+        other.load_state_dict(source.state_dict())
 
 
 def test_file_source_needs_enough_prompts(ten_prompts):
@@ -78,15 +92,26 @@ def test_file_source_needs_enough_prompts(ten_prompts):
         FilePromptSource(ten_prompts, prompts_per_rollout=16)
 
 
-def test_smoke_source_ignores_data_path_and_cycles(caplog):
-    source = SmokePromptSource("/not/read.json", prompts_per_rollout=3)
+def test_smoke_source_ignores_data_path_and_cycles_its_prompts(caplog):
+    source = SmokePromptSource("/not/read.json", prompts_per_rollout=3, shuffle=False)
     assert "ignores train.data.data_path=/not/read.json" in caplog.text
     batches = [source.next_batch() for _ in range(3)]
     assert [e.prompt for e in batches[0]] == list(SMOKE_PROMPTS[:3])
-    assert [e.prompt for e in batches[2]] == [SMOKE_PROMPTS[6], SMOKE_PROMPTS[7], SMOKE_PROMPTS[0]]
-    resumed = SmokePromptSource(prompts_per_rollout=3)
-    resumed.load_state_dict(source.state_dict())
-    assert ids(resumed.next_batch()) == ids(source.next_batch())
+    assert [e.prompt for e in batches[2]] == list(SMOKE_PROMPTS[:3])  # 8 prompts, batches of 3: 2 per epoch
+    shuffled = SmokePromptSource(prompts_per_rollout=4, seed=5)
+    for _ in range(3):
+        shuffled.next_batch()
+    resumed = SmokePromptSource(prompts_per_rollout=4, seed=5)
+    resumed.load_state_dict(shuffled.state_dict())
+    assert ids(resumed.next_batch()) == ids(shuffled.next_batch())
+    with pytest.raises(ValueError, match=r"fewer than train.data.prompts_per_rollout=20"):
+        SmokePromptSource(prompts_per_rollout=20)
+
+
+def test_a_state_of_another_source_kind_is_refused(ten_prompts):
+    state = FilePromptSource(ten_prompts, prompts_per_rollout=4).state_dict()
+    with pytest.raises(ValueError, match=r"source: 'file' then, 'smoke' now"):
+        SmokePromptSource(prompts_per_rollout=4).load_state_dict(state)
 
 
 def test_build_source_by_key_and_by_class_path(ten_prompts):
@@ -94,7 +119,7 @@ def test_build_source_by_key_and_by_class_path(ten_prompts):
     assert isinstance(by_key, FilePromptSource)
     by_path = build_source(DataConfig(source="unirl_core.data.sources.SmokePromptSource", prompts_per_rollout=2))
     assert isinstance(by_path, SmokePromptSource)
-    with pytest.raises(ValueError, match="not an importable class path"):
+    with pytest.raises(ValueError, match="importing it failed"):
         build_source(DataConfig(source="nowhere.Source"))
 
 

@@ -22,8 +22,10 @@ import yaml
 from pydantic import BaseModel, ValidationError
 
 from unirl_core.config.schema import Recipe
+from unirl_core.workspace import workspace
 
-_ENV_PATTERN = re.compile(r"\$\{env:([A-Za-z_][A-Za-z0-9_]*)(?:,([^}]*))?\}")
+_ENV_PATTERN = re.compile(r"(?<!\$)\$\{env:([A-Za-z_][A-Za-z0-9_]*)(?:,([^}$]*))?\}")  # `$${env:X}` escapes
+_LEFTOVER_PATTERN = re.compile(r"(?<!\$)\$\{")
 _KEY_PATTERN = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*(\.([A-Za-z_][A-Za-z0-9_]*|[0-9]+))*$")
 _MISSING = "<missing>"
 
@@ -79,7 +81,7 @@ def load_recipe(ref: str | os.PathLike, overrides: Sequence[str] = (), env: Mapp
     """Load, interpolate, override and validate a recipe. Raises RecipeError listing every problem."""
     path = resolve_recipe_path(ref)
     try:
-        tree = yaml.safe_load(path.read_text(encoding="utf-8"))
+        tree = yaml.load(path.read_text(encoding="utf-8"), Loader=_UniqueKeyLoader)
     except yaml.YAMLError as exc:
         raise RecipeError(str(path), [RecipeIssue("", _MISSING, f"not valid YAML: {exc}")]) from None
     tree = {} if tree is None else tree
@@ -96,9 +98,10 @@ def recipe_from_tree(
     source: str = "<recipe>",
 ) -> Recipe:
     issues: list[RecipeIssue] = []
-    tree = interpolate_env(copy.deepcopy(dict(tree)), os.environ if env is None else env, issues)
-    for override in overrides:
+    tree = copy.deepcopy(dict(tree))
+    for override in overrides:  # first, so an override replaces a value whose variable is unset
         apply_override(tree, override, issues)
+    tree = interpolate_env(tree, os.environ if env is None else env, issues)
     if issues:
         raise RecipeError(source, issues)
     try:
@@ -108,6 +111,8 @@ def recipe_from_tree(
     issues = [RecipeIssue(path, value, message) for path, value, message in recipe.problems()]
     if issues:
         raise RecipeError(source, issues)
+    if recipe.train is not None and recipe.train.output_dir is None:
+        recipe.train.output_dir = str(workspace().outputs / (recipe.name or "recipe"))
     return recipe
 
 
@@ -140,7 +145,18 @@ def interpolate_env(node: Any, env: Mapping[str, str], issues: list[RecipeIssue]
         )
         return match.group(0)
 
-    return _ENV_PATTERN.sub(substitute, node)
+    before = len(issues)
+    value = _ENV_PATTERN.sub(substitute, node)
+    if len(issues) == before and _LEFTOVER_PATTERN.search(value):
+        issues.append(
+            RecipeIssue(
+                path,
+                node,
+                "unresolved `${...}`: write ${env:NAME} or ${env:NAME,default} (defaults cannot nest); "
+                "`$${` gives a literal `${`",
+            )
+        )
+    return value.replace("$${", "${")
 
 
 def apply_override(tree: dict, override: str, issues: list[RecipeIssue]) -> None:
@@ -209,7 +225,8 @@ def _issue_from_pydantic(err: dict) -> RecipeIssue:
         allowed = _allowed_keys(loc[:-1])
         hint = difflib.get_close_matches(loc[-1], allowed, n=1)
         suggestion = f"did you mean '{hint[0]}'? " if hint else ""
-        return RecipeIssue(path, value, f"unknown key; {suggestion}allowed here: {', '.join(allowed)}")
+        allowed_text = f"allowed here: {', '.join(allowed)}" if allowed else "this section has no settings yet"
+        return RecipeIssue(path, value, f"unknown key; {suggestion}{allowed_text}")
     return RecipeIssue(path, value, err["msg"])
 
 
@@ -219,6 +236,21 @@ def _allowed_keys(loc: Sequence[str]) -> list[str]:
         field = model.model_fields.get(part) if model else None
         model = _model_class(field.annotation) if field else None
     return list(model.model_fields) if model else []
+
+
+class _UniqueKeyLoader(yaml.SafeLoader):
+    """YAML's safe loader, refusing a key written twice in one mapping (YAML itself keeps the last silently)."""
+
+    def construct_mapping(self, node, deep=False):
+        seen = set()
+        for key_node, _ in node.value:
+            key = self.construct_object(key_node, deep=deep)
+            if key in seen:
+                raise yaml.constructor.ConstructorError(
+                    None, None, f"duplicate key {key!r}: it is written twice in one mapping", key_node.start_mark
+                )
+            seen.add(key)
+        return super().construct_mapping(node, deep=deep)
 
 
 def _model_class(annotation: Any) -> type[BaseModel] | None:

@@ -14,15 +14,27 @@ from __future__ import annotations
 from collections.abc import Iterator
 from typing import Annotated, Any
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, field_validator
 
 Problem = tuple[str, Any, str]  # (dotted path relative to the model, offending value, what is allowed)
+
+
+def _not_bool(value: Any) -> Any:
+    if isinstance(value, bool):  # YAML `true` would otherwise become the integer 1
+        raise ValueError("a number is required, not true/false")
+    return value
+
+
+Count = Annotated[int, BeforeValidator(_not_bool)]
+Seed = Annotated[int, BeforeValidator(_not_bool), Field(ge=0, lt=2**63)]
 
 
 class StrictModel(BaseModel):
     """Base of every config model: unknown keys refused, assignments validated, field docstrings documented."""
 
-    model_config = ConfigDict(extra="forbid", validate_assignment=True, use_attribute_docstrings=True)
+    model_config = ConfigDict(
+        extra="forbid", validate_assignment=True, use_attribute_docstrings=True, allow_inf_nan=False
+    )
 
     def problems(self) -> Iterator[Problem]:
         """Cross-field checks a single field's type cannot express. Paths are relative to this model."""
@@ -61,14 +73,14 @@ class DataConfig(StrictModel):
     prompt_key: str = "prompt"
     """Key holding the prompt text in JSON objects, when it is not `prompt` (`caption` is always accepted)."""
 
-    prompts_per_rollout: Annotated[int, Field(gt=0)] = 4
+    prompts_per_rollout: Annotated[Count, Field(gt=0)] = 4
     """Global: distinct prompts per rollout (the loader's batch size). Prompts are not pre-duplicated; each is
     repeated `train.sampling.samples_per_prompt` times later, in the rollout."""
 
     shuffle: bool = True
     """Shuffle the prompt order each epoch (the `file` source). False keeps file order."""
 
-    seed: int = 0
+    seed: Seed = 0
     """Seed of the epoch shuffle: epoch e uses the permutation drawn from (seed, e), so a resume is exact."""
 
     @field_validator("data_path", "eval_data_path", mode="before")
@@ -77,14 +89,13 @@ class DataConfig(StrictModel):
         return None if value == "" else value  # `${env:EVAL_DATA_PATH,}` with the variable unset
 
     def problems(self) -> Iterator[Problem]:
-        from unirl_core.data.sources import SOURCES
+        from unirl_core.data.sources import SOURCES, source_class
 
-        if self.source not in SOURCES and "." not in self.source:
-            yield (
-                "source",
-                self.source,
-                f"a registered source ({', '.join(sorted(SOURCES))}) or a dotted class path",
-            )
+        if self.source not in SOURCES:
+            try:
+                source_class(self.source)
+            except ValueError as exc:
+                yield "source", self.source, str(exc)
         if self.source == "file" and not self.data_path:
             yield (
                 "data_path",
@@ -96,25 +107,25 @@ class DataConfig(StrictModel):
 class SamplingConfig(StrictModel):
     """How each rollout samples images. Prompt rows can never set these (the seed: they come from cfg.sampling)."""
 
-    samples_per_prompt: Annotated[int, Field(ge=1)] = 4
+    samples_per_prompt: Annotated[Count, Field(ge=1)] = 4
     """Global: images generated per prompt, the GRPO group size. Siblings share a `group_id`."""
 
-    num_inference_steps: Annotated[int, Field(ge=1)] = 10
+    num_inference_steps: Annotated[Count, Field(ge=1)] = 10
     """Denoising steps per image."""
 
     guidance_scale: Annotated[float, Field(ge=0.0)] = 4.5
     """Classifier-free guidance scale; 1.0 or less turns guidance off."""
 
-    height: Annotated[int, Field(gt=0, multiple_of=8)] = 512
+    height: Annotated[Count, Field(gt=0, multiple_of=8)] = 512
     """Image height in pixels (a multiple of 8, the VAE's downsampling)."""
 
-    width: Annotated[int, Field(gt=0, multiple_of=8)] = 512
+    width: Annotated[Count, Field(gt=0, multiple_of=8)] = 512
     """Image width in pixels (a multiple of 8, the VAE's downsampling)."""
 
     negative_prompt: str = ""
     """Negative prompt used for every sample when guidance is on; empty means the unconditional embedding."""
 
-    seed: int = 0
+    seed: Seed = 0
     """Base seed of the initial noise; each sample's noise derives from (seed, step, sample index)."""
 
 
@@ -122,8 +133,8 @@ class TrainConfig(StrictModel):
     """Training rounds: data and sampling today; the model, algorithm and rounds arrive with their issues."""
 
     output_dir: str | None = None
-    """Folder for this training's checkpoints and samples (local path or fsspec URL). Empty: the workspace
-    (`$UNIRL_HOME/outputs`). Recipes usually read it from `${env:OUTPUT_DIR,...}`."""
+    """Folder for this training's checkpoints and samples (local path or fsspec URL). Empty: the workspace's
+    `$UNIRL_HOME/outputs/<recipe name>`, filled in when the recipe is loaded. Recipes read it from `${env:OUTPUT_DIR,}`."""
 
     @field_validator("output_dir", mode="before")
     @classmethod

@@ -40,7 +40,7 @@ LEGACY_EMBEDDING_FIELDS = {
     "text_ids",
     "text_ids_path",
 }
-_LEGACY_PATTERN = re.compile(r"_(embeds?|embeddings?)(_path)?$")
+_LEGACY_PATTERN = re.compile(r"_embeds(_path)?$|_embed_path$")  # diffusers' naming: prompt_embeds, t5_embeds ...
 
 # Row fields that would set sampling: they belong to the recipe (train.sampling.<field>), never to a row.
 SAMPLING_FIELDS = {"negative_prompt", "seed", "guidance_scale", "height", "width", "num_inference_steps"}
@@ -86,18 +86,34 @@ def load_prompts(path: str, prompt_key: str = "prompt") -> list[PromptExample]:
             f"{path}: unsupported prompt file extension; use one of {', '.join(SUPPORTED_EXTENSIONS)}"
         )
     try:
-        text = storage.read_text(path)
+        text = storage.read_text(path, encoding="utf-8-sig")  # a byte-order mark is not part of the first prompt
     except FileNotFoundError:
         raise PromptDataError(f"{path}: no such prompt file") from None
+    except (IsADirectoryError, PermissionError) as exc:
+        raise PromptDataError(f"{path}: cannot read the prompt file ({exc.strerror or exc})") from None
     except UnicodeDecodeError as exc:
         raise PromptDataError(f"{path}: not UTF-8 text ({exc.reason} at byte {exc.start})") from None
+    except ValueError as exc:  # fsspec: an unknown protocol such as nosuch://
+        raise PromptDataError(f"{path}: cannot open ({exc})") from None
     records = {".txt": _txt_records, ".jsonl": _jsonl_records, ".json": _json_records}[suffix]
     normalizer = _Normalizer(path, prompt_key)
     examples = [normalizer(raw, index, where) for index, (where, raw) in enumerate(records(path, text, prompt_key))]
     if not examples:
         raise PromptDataError(f"{path}: no prompts found")
     normalizer.warn_ignored()
+    _refuse_duplicate_ids(path, examples)
     return examples
+
+
+def _refuse_duplicate_ids(path: str, examples: list[PromptExample]) -> None:
+    first_index: dict[str, int] = {}
+    for index, example in enumerate(examples):
+        if example.prompt_id in first_index:
+            raise PromptDataError(
+                f"{path}: prompt_id {example.prompt_id!r} is used by records {first_index[example.prompt_id]} and "
+                f"{index} (0-based); prompt ids must be unique (they name samples, rewards and eval images)"
+            )
+        first_index[example.prompt_id] = index
 
 
 def _txt_records(path: str, text: str, prompt_key: str) -> Iterator[tuple[str, Any]]:
@@ -121,7 +137,9 @@ def _json_records(path: str, text: str, prompt_key: str) -> Iterator[tuple[str, 
         data = json.loads(text)
     except json.JSONDecodeError as exc:
         raise PromptDataError(f"{path}: not valid JSON ({exc.msg} at line {exc.lineno}, column {exc.colno})") from None
-    if isinstance(data, dict) and isinstance(data.get("prompts"), list):
+    if isinstance(data, dict) and "prompts" in data:
+        if not isinstance(data["prompts"], list):
+            raise PromptDataError(f"{path}: 'prompts' must be a list, got {type(data['prompts']).__name__}")
         data, label = data["prompts"], "prompts"
     elif isinstance(data, dict) and isinstance(data.get(prompt_key), list):
         data, label = data[prompt_key], prompt_key
@@ -170,8 +188,11 @@ class _Normalizer:
         metadata = self._metadata(record, fail)
         media = self._media_refs(record, fail)
         prompt_id = record.get("prompt_id")
-        prompt_id = f"{self.file_name}:{index}" if prompt_id is None else str(prompt_id)
-        return PromptExample(prompt=prompt, prompt_id=prompt_id, metadata=metadata, media_refs=media)
+        if prompt_id is None:
+            prompt_id = f"{self.file_name}:{index}"
+        elif isinstance(prompt_id, bool) or not isinstance(prompt_id, str | int) or not str(prompt_id).strip():
+            fail(f"'prompt_id' must be a non-empty string or an integer, got {prompt_id!r}")
+        return PromptExample(prompt=prompt, prompt_id=str(prompt_id), metadata=metadata, media_refs=media)
 
     def _refuse_forbidden_fields(self, record: dict, fail) -> None:
         legacy = sorted(k for k in record if k in LEGACY_EMBEDDING_FIELDS or _LEGACY_PATTERN.search(k))

@@ -6,7 +6,7 @@ A source yields batches of `prompts_per_rollout` distinct prompts forever (epoch
 | key     | class             | when                                                                       |
 |---------|-------------------|----------------------------------------------------------------------------|
 | `file`  | FilePromptSource  | real runs: reads `data_path`, shuffles each epoch, drops the last partial batch |
-| `smoke` | SmokePromptSource | smoke checks: ignores `data_path`, cycles a few built-in prompts           |
+| `smoke` | SmokePromptSource | smoke checks: ignores `data_path`, the same batching over 8 built-in prompts |
 
 A dotted class path (`mypkg.sources.MySource`) selects any class with the same constructor and methods.
 """
@@ -36,30 +36,25 @@ class PromptSource(Protocol):
     def load_state_dict(self, state: dict[str, Any]) -> None: ...
 
 
-class FilePromptSource:
-    """Prompts from a file; epoch e visits them in the permutation drawn from (seed, e); partial batches dropped."""
+class PromptListSource:
+    """Batches of distinct prompts from a list; epoch e visits them in the permutation drawn from (seed, e) and
+    drops the last partial batch."""
+
+    kind = "list"
 
     def __init__(
-        self,
-        data_path: str | None,
-        prompts_per_rollout: int,
-        *,
-        shuffle: bool = True,
-        seed: int = 0,
-        prompt_key: str = "prompt",
+        self, prompts: list[PromptExample], prompts_per_rollout: int, *, shuffle: bool, seed: int, origin: str
     ):
-        if not data_path:
-            raise ValueError("the file prompt source needs train.data.data_path (a .txt, .jsonl or .json file)")
-        self.data_path = data_path
-        self.prompts = load_prompts(data_path, prompt_key=prompt_key)
+        if len(prompts) < prompts_per_rollout:
+            raise ValueError(
+                f"{origin} has {len(prompts)} prompts, fewer than train.data.prompts_per_rollout="
+                f"{prompts_per_rollout}: add prompts or lower prompts_per_rollout"
+            )
+        self.prompts = prompts
         self.prompts_per_rollout = prompts_per_rollout
         self.shuffle = shuffle
         self.seed = seed
-        if len(self.prompts) < prompts_per_rollout:
-            raise ValueError(
-                f"{data_path} has {len(self.prompts)} prompts, fewer than train.data.prompts_per_rollout="
-                f"{prompts_per_rollout}: add prompts or lower prompts_per_rollout"
-            )
+        self.origin = origin
         self.epoch = 0
         self.batch_in_epoch = 0
         self._order = self._epoch_order(0)
@@ -91,24 +86,51 @@ class FilePromptSource:
             digest.update(f"{example.prompt_id}\x00{example.prompt}\x00".encode())
         return digest.hexdigest()[:16]
 
-    def state_dict(self) -> dict[str, Any]:
+    def _settings(self) -> dict[str, Any]:
         return {
-            "source": "file",
-            "epoch": self.epoch,
-            "batch_in_epoch": self.batch_in_epoch,
+            "source": self.kind,
+            "prompts_per_rollout": self.prompts_per_rollout,
+            "shuffle": self.shuffle,
+            "seed": self.seed,
             "num_prompts": len(self.prompts),
             "prompts_fingerprint": self.fingerprint(),
         }
 
+    def state_dict(self) -> dict[str, Any]:
+        return {**self._settings(), "epoch": self.epoch, "batch_in_epoch": self.batch_in_epoch}
+
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        if state.get("prompts_fingerprint") != self.fingerprint():
+        """Resume exactly where `state` was taken; refuse a state taken with other prompts or settings."""
+        changed = {k: (state.get(k), v) for k, v in self._settings().items() if state.get(k) != v}
+        if changed:
+            details = ", ".join(f"{k}: {then!r} then, {now!r} now" for k, (then, now) in changed.items())
             raise ValueError(
-                f"{self.data_path} changed since this state was saved ({state.get('num_prompts')} prompts then, "
-                f"{len(self.prompts)} now; fingerprint {state.get('prompts_fingerprint')} vs {self.fingerprint()}): "
-                "resume with the original prompt file, or start a new run"
+                f"{self.origin}: the prompt source changed since this state was saved ({details}); resume with the "
+                "original prompts and train.data settings, or start a new run"
             )
         self.epoch, self.batch_in_epoch = int(state["epoch"]), int(state["batch_in_epoch"])
         self._order = self._epoch_order(self.epoch)
+
+
+class FilePromptSource(PromptListSource):
+    """Prompts from `data_path` (.txt, .jsonl, .json; local or fsspec URL)."""
+
+    kind = "file"
+
+    def __init__(
+        self,
+        data_path: str | None,
+        prompts_per_rollout: int,
+        *,
+        shuffle: bool = True,
+        seed: int = 0,
+        prompt_key: str = "prompt",
+    ):
+        if not data_path:
+            raise ValueError("the file prompt source needs train.data.data_path (a .txt, .jsonl or .json file)")
+        self.data_path = data_path
+        prompts = load_prompts(data_path, prompt_key=prompt_key)
+        super().__init__(prompts, prompts_per_rollout, shuffle=shuffle, seed=seed, origin=data_path)
 
 
 SMOKE_PROMPTS = (
@@ -123,50 +145,49 @@ SMOKE_PROMPTS = (
 )
 
 
-class SmokePromptSource:
-    """A few built-in prompts, cycled in order. For smoke checks: `data_path` is ignored."""
+class SmokePromptSource(PromptListSource):
+    """A few built-in prompts, for smoke checks: `data_path` is ignored (with a warning)."""
 
-    def __init__(self, data_path: str | None = None, prompts_per_rollout: int = 4, **ignored: Any):
+    kind = "smoke"
+
+    def __init__(
+        self,
+        data_path: str | None = None,
+        prompts_per_rollout: int = 4,
+        *,
+        shuffle: bool = True,
+        seed: int = 0,
+        prompt_key: str = "prompt",
+    ):
         if data_path:
             logger.warning("the smoke prompt source ignores train.data.data_path=%s", data_path)
-        self.prompts = [PromptExample(prompt=p, prompt_id=f"smoke:{i}") for i, p in enumerate(SMOKE_PROMPTS)]
-        self.prompts_per_rollout = prompts_per_rollout
-        self.position = 0
-
-    def next_batch(self) -> list[PromptExample]:
-        n = len(self.prompts)
-        batch = [self.prompts[(self.position + i) % n] for i in range(self.prompts_per_rollout)]
-        self.position = (self.position + self.prompts_per_rollout) % n
-        return batch
-
-    def __iter__(self) -> Iterator[list[PromptExample]]:
-        while True:
-            yield self.next_batch()
-
-    def state_dict(self) -> dict[str, Any]:
-        return {"source": "smoke", "position": self.position}
-
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        self.position = int(state["position"])
+        prompts = [PromptExample(prompt=p, prompt_id=f"smoke:{i}") for i, p in enumerate(SMOKE_PROMPTS)]
+        super().__init__(prompts, prompts_per_rollout, shuffle=shuffle, seed=seed, origin="the smoke source")
 
 
 SOURCES: dict[str, type] = {"file": FilePromptSource, "smoke": SmokePromptSource}
 
 
+def source_class(key: str) -> type:
+    """The class a `train.data.source` value names: a registered key or an importable dotted class path."""
+    if key in SOURCES:
+        return SOURCES[key]
+    module_name, _, class_name = key.rpartition(".")
+    allowed = f"a registered source ({', '.join(SOURCES)}) or an importable dotted class path"
+    if not module_name:
+        raise ValueError(allowed)
+    try:
+        found = getattr(importlib.import_module(module_name), class_name)
+    except (ImportError, AttributeError) as exc:
+        raise ValueError(f"{allowed}; importing it failed: {exc}") from None
+    if not (isinstance(found, type) and callable(getattr(found, "next_batch", None))):
+        raise ValueError(f"{allowed}; {key} is not a class with next_batch(), state_dict() and load_state_dict()")
+    return found
+
+
 def build_source(data_config) -> PromptSource:
     """The source a `train.data` config selects: a registered key or a dotted class path."""
-    key = data_config.source
-    if key in SOURCES:
-        cls = SOURCES[key]
-    else:
-        module_name, _, class_name = key.rpartition(".")
-        try:
-            cls = getattr(importlib.import_module(module_name), class_name)
-        except (ImportError, AttributeError, ValueError) as exc:
-            raise ValueError(
-                f"train.data.source={key!r}: not a registered source ({', '.join(SOURCES)}) and not an "
-                f"importable class path ({exc})"
-            ) from None
+    cls = source_class(data_config.source)
     return cls(
         data_config.data_path,
         data_config.prompts_per_rollout,

@@ -174,7 +174,7 @@ def build_tiny_pipeline(family: str, seed: int = 0):
 def write_tiny_model(out_dir: str | Path, family: str, seed: int = 0) -> Path:
     """Write a complete diffusers pipeline folder that `DiffusionPipeline.from_pretrained(out_dir)` loads."""
     out = Path(out_dir)
-    if out.exists() and any(out.iterdir()):
-        raise FileExistsError(f"{out} exists and is not empty; choose a new folder or remove it")
+    if out.exists() and (not out.is_dir() or any(out.iterdir())):
+        raise FileExistsError(f"{out} exists and is not an empty folder; choose a new folder or remove it")
     build_tiny_pipeline(family, seed).save_pretrained(out, safe_serialization=True)
     return out
