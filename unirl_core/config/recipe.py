@@ -111,9 +111,17 @@ def recipe_from_tree(
     issues = [RecipeIssue(path, value, message) for path, value, message in recipe.problems()]
     if issues:
         raise RecipeError(source, issues)
-    if recipe.train is not None and recipe.train.output_dir is None:
-        recipe.train.output_dir = str(workspace().outputs / (recipe.name or "recipe"))
+    _fill_workspace_defaults(recipe)
     return recipe
+
+
+def _fill_workspace_defaults(recipe: Recipe) -> None:
+    """Empty output locations become folders of the workspace, named after the recipe, spelled out."""
+    name = recipe.name or "recipe"
+    if recipe.train is not None and recipe.train.output_dir is None:
+        recipe.train.output_dir = str(workspace().outputs / name)
+    if recipe.ingest is not None and recipe.ingest.dataset_output_root is None:
+        recipe.ingest.dataset_output_root = str(workspace().data / name)
 
 
 def dump_resolved(recipe: Recipe) -> str:

@@ -14,40 +14,10 @@ from __future__ import annotations
 from collections.abc import Iterator
 from typing import Annotated, Any
 
-from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, field_validator
+from pydantic import Field, field_validator
 
-Problem = tuple[str, Any, str]  # (dotted path relative to the model, offending value, what is allowed)
-
-
-def _not_bool(value: Any) -> Any:
-    if isinstance(value, bool):  # YAML `true` would otherwise become the integer 1
-        raise ValueError("a number is required, not true/false")
-    return value
-
-
-Count = Annotated[int, BeforeValidator(_not_bool)]
-Seed = Annotated[int, BeforeValidator(_not_bool), Field(ge=0, lt=2**63)]
-
-
-class StrictModel(BaseModel):
-    """Base of every config model: unknown keys refused, assignments validated, field docstrings documented."""
-
-    model_config = ConfigDict(
-        extra="forbid", validate_assignment=True, use_attribute_docstrings=True, allow_inf_nan=False
-    )
-
-    def problems(self) -> Iterator[Problem]:
-        """Cross-field checks a single field's type cannot express. Paths are relative to this model."""
-        for name in type(self).model_fields:
-            value = getattr(self, name)
-            if isinstance(value, StrictModel):
-                for path, bad, message in value.problems():
-                    yield f"{name}.{path}", bad, message
-
-
-class IngestConfig(StrictModel):
-    """Parquet -> WebDataset shards (NeMo's download/reorganize/wdinfo stages). Its settings arrive with the
-    ingest flow; until then the section must be empty."""
+from unirl_core.config.ingest import IngestConfig
+from unirl_core.config.schema_base import Count, Problem, Seed, StrictModel
 
 
 class PrecacheConfig(StrictModel):

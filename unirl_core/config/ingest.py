@@ -1,0 +1,204 @@
+"""The `ingest` recipe section: NeMo's data-preparation stages, with NeMo's field names where NeMo has one.
+
+    ingest:
+      dataset_output_root: s3://bucket/datasets/laion-mini   # empty: $UNIRL_HOME/data/<recipe name>
+      download_parquet: {parquet_pattern: "data/*.parquet", rows_per_unit: 1000}
+      download_images:  {url_col: url, caption_col: caption, resize_mode: center_crop, image_size: 512}
+      reorganize_tar:   {tar_chunk_size: 1000}
+      generate_wdinfo:  {enable: true}
+
+Layout under `dataset_output_root`: `units.json` (the work plan), `raw/` (one img2dataset-style shard per work unit:
+`NNNNN.tar`, `NNNNN.parquet`, `NNNNN_stats.json` written last), `shards/` (exactly `tar_chunk_size` samples per
+tar, the tail marked `.INCOMPLETE`, `wdinfo.pkl` and `index.json`).
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Any, Literal
+
+from pydantic import Field, field_validator
+
+from unirl_core.config.schema_base import Count, Problem, StrictModel
+
+MAX_ROWS_PER_UNIT = 10_000  # keys are 5 digits of unit + 4 digits of row, as img2dataset's
+
+
+class DownloadParquetConfig(StrictModel):
+    """Stage 1: find the input files and split them into work units (file x row range)."""
+
+    enable: bool = True
+    """Run this stage. Disabled: `units.json` from an earlier run is used."""
+
+    parquet_pattern: list[str] = []
+    """Input files: paths, globs or fsspec URLs (`s3://bucket/part-*.parquet`, `hf://datasets/org/name/*.parquet`).
+    Parquet, and `.jsonl` / `.csv` read through pyarrow."""
+
+    rows_per_unit: Annotated[Count, Field(ge=1, le=MAX_ROWS_PER_UNIT)] = 1000
+    """Rows per work unit (one raw shard, one Prefect task). At most 10,000 (4-digit row part of the key)."""
+
+    parquet_subpartitions: Annotated[Count, Field(ge=1)] | None = None
+    """NeMo's split: cut each file into this many units instead (each still at most 10,000 rows)."""
+
+    @field_validator("parquet_pattern", mode="before")
+    @classmethod
+    def _one_or_many(cls, value: Any) -> Any:
+        return [value] if isinstance(value, str) else value
+
+
+class DownloadImagesConfig(StrictModel):
+    """Stage 2: per work unit, fetch (guarded), decode, transform and write a raw shard (img2dataset's contract)."""
+
+    enable: bool = True
+    """Run this stage. Disabled: the raw shards of an earlier run are used."""
+
+    url_col: str | None = "url"
+    """Column with the image URL (http, https or s3). Empty: images come only from `image_bytes_col`."""
+
+    image_bytes_col: str | None = None
+    """Column with the encoded image bytes. When a row has both bytes and a URL, the bytes are used (no fetch)."""
+
+    caption_col: str | None = "caption"
+    """Column with the caption text. A null caption is stored as an empty caption."""
+
+    captions_json_col: str | None = None
+    """Column with a JSON object of captions (BAGEL's t2i parquet: {"0": "...", "1": "..."}): the first (by key)
+    becomes the caption, all are kept in the sample's JSON."""
+
+    save_additional_columns: list[str] = []
+    """Extra input columns copied into each sample's JSON and the per-shard parquet."""
+
+    download_num_processes: Annotated[Count, Field(ge=1)] = 2
+    """Global: work units processed at the same time (Prefect task concurrency)."""
+
+    download_num_threads: Annotated[Count, Field(ge=1)] = 16
+    """Per unit: fetch-and-transform threads."""
+
+    connect_timeout_s: Annotated[float, Field(gt=0)] = 5.0
+    """Seconds to establish a connection, per attempt."""
+
+    read_timeout_s: Annotated[float, Field(gt=0)] = 10.0
+    """Seconds of silence tolerated while reading a response, per attempt."""
+
+    total_timeout_s: Annotated[float, Field(gt=0)] = 30.0
+    """Seconds one attempt may take in all (a server trickling bytes cannot hold a thread forever)."""
+
+    retries: Annotated[Count, Field(ge=0)] = 2
+    """Extra attempts per URL after a transient failure (connection error, timeout, 5xx, 429), with exponential
+    backoff and jitter. A 404 or a blocked address is never retried."""
+
+    retry_backoff_s: Annotated[float, Field(ge=0)] = 0.5
+    """Base backoff in seconds: attempt n waits base x 2^n x (1 + jitter in [0, 1))."""
+
+    max_redirects: Annotated[Count, Field(ge=0)] = 5
+    """Redirect hops followed per URL; each hop's scheme and address are checked again."""
+
+    max_bytes: Annotated[Count, Field(ge=1)] = 32 * 1024 * 1024
+    """Largest response body in bytes; a longer (or endless) body is skipped as `too_large`, read stops there."""
+
+    max_pixels: Annotated[Count, Field(ge=1)] = 89_478_485
+    """Largest width x height decoded (decided from the header, before decoding); larger is `too_many_pixels`."""
+
+    allow_local_files: bool = False
+    """Accept `file://` URLs and plain paths in the URL column (tests, local mirrors). Off: `blocked_scheme`."""
+
+    allow_private_addresses: bool = False
+    """Accept hosts on loopback, private, link-local and reserved addresses (tests, private mirrors).
+    Off: `blocked_address`, checked on the connected socket at every hop (no DNS-rebinding gap)."""
+
+    resize_mode: Literal["no", "border", "keep_ratio", "keep_ratio_largest", "center_crop"] = "border"
+    """img2dataset's modes: `keep_ratio` (short side = image_size), `keep_ratio_largest` (long side = image_size),
+    `center_crop` (short side, then a centered square), `border` (long side, then padded to a white square), `no`."""
+
+    image_size: Annotated[Count, Field(ge=1)] = 256
+    """Target size in pixels for the resize mode."""
+
+    resize_only_if_bigger: bool = False
+    """Never upscale: images already within `image_size` keep their size (and, when possible, their bytes)."""
+
+    min_image_size: Annotated[Count, Field(ge=0)] = 0
+    """Skip images whose short side (pixels) is below this, as `image_too_small`."""
+
+    max_image_area: Annotated[float, Field(gt=0)] | None = None
+    """Skip images with more than this many pixels (width x height), as `image_too_large`."""
+
+    max_aspect_ratio: Annotated[float, Field(ge=1)] | None = None
+    """Skip images whose long/short side ratio exceeds this, as `bad_aspect_ratio`."""
+
+    encode_format: Literal["jpg", "png", "webp"] = "jpg"
+    """Stored image format (the member extension). Original bytes are kept when nothing needs re-encoding."""
+
+    encode_quality: Annotated[Count, Field(ge=1, le=100)] = 95
+    """JPEG/WebP quality."""
+
+    max_caption_bytes: Annotated[Count, Field(ge=1)] = 65_536
+    """Longest caption in UTF-8 bytes; longer (or not valid UTF-8) is skipped as `bad_caption`."""
+
+    skip_empty_captions: bool = False
+    """Skip rows whose caption is null or empty (as `empty_caption`) instead of storing an empty caption."""
+
+    error_budget: Annotated[float, Field(ge=0, le=1)] = 0.5
+    """Largest fraction of a unit's rows that may be skipped; above it the run fails with the reason histogram
+    instead of shipping an empty dataset."""
+
+    def problems(self):
+        if not (self.url_col or self.image_bytes_col):
+            yield "url_col", self.url_col, "set url_col or image_bytes_col: images must come from somewhere"
+        if self.caption_col and self.captions_json_col:
+            yield "captions_json_col", self.captions_json_col, "set caption_col or captions_json_col, not both"
+
+
+class ReorganizeTarConfig(StrictModel):
+    """Stage 3: shards of exactly `tar_chunk_size` samples, sorted by key; the tail marked `.INCOMPLETE`."""
+
+    enable: bool = True
+    """Run this stage."""
+
+    tar_chunk_size: Annotated[Count, Field(ge=1)] = 1000
+    """Samples per output shard (NeMo's default 1000)."""
+
+    file_ext_in_tar: list[str] | None = None
+    """Extensions every copied sample must have; a sample missing one is skipped and counted. Empty: the image
+    extension, `txt` and `json`."""
+
+
+class GenerateWdinfoConfig(StrictModel):
+    """Stage 4: `wdinfo.pkl` (NeMo's shard index) and `index.json` (the same, without pickle, with hashes)."""
+
+    enable: bool = True
+    """Run this stage."""
+
+
+class IngestConfig(StrictModel):
+    """Parquet (or jsonl/csv) of captions and image URLs or bytes -> WebDataset shards, NeMo's stages."""
+
+    dataset_output_root: str | None = None
+    """Output folder or fsspec URL (`s3://bucket/datasets/name`). Empty: `$UNIRL_HOME/data/<recipe name>`."""
+
+    download_parquet: DownloadParquetConfig = DownloadParquetConfig()
+    """Stage 1: inputs and work units."""
+
+    download_images: DownloadImagesConfig = DownloadImagesConfig()
+    """Stage 2: fetch and transform images into raw shards."""
+
+    reorganize_tar: ReorganizeTarConfig = ReorganizeTarConfig()
+    """Stage 3: equal-size shards."""
+
+    generate_wdinfo: GenerateWdinfoConfig = GenerateWdinfoConfig()
+    """Stage 4: shard index."""
+
+    @field_validator("dataset_output_root", mode="before")
+    @classmethod
+    def _empty_is_unset(cls, value: Any) -> Any:
+        return None if value == "" else value
+
+    def problems(self):
+        yield from super().problems()
+        if self.download_parquet.enable and not self.download_parquet.parquet_pattern:
+            yield "download_parquet.parquet_pattern", [], "at least one input file, glob or URL"
+
+    @property
+    def file_ext_in_tar(self) -> list[str]:
+        return self.reorganize_tar.file_ext_in_tar or [self.download_images.encode_format, "txt", "json"]
+
+
+__all__ = ["IngestConfig", "Problem"]
