@@ -7,6 +7,7 @@
 | mlflow_uri       | MLFLOW_TRACKING_URI pointing at a sqlite file in a temp folder          | test    |
 | tiny_model       | a tiny diffusers pipeline folder per family (sd3, sd15), built once    | session |
 | s3_endpoint      | moto's threaded S3 server on 127.0.0.1 with a bucket, dummy credentials | session |
+| image_server     | a loopback HTTP server serving images, errors, redirects, slow bodies   | session |
 
 Nothing here downloads anything: HF_HUB_OFFLINE is set before any library is imported, and in the test process a
 connection to any non-loopback address raises.
@@ -103,3 +104,13 @@ def s3_endpoint():
                 os.environ.pop(key, None)
             else:
                 os.environ[key] = value
+
+
+@pytest.fixture(scope="session")
+def image_server():
+    """A loopback HTTP server (127.0.0.1) serving generated images and every bad case; add routes per test."""
+    from http_server import ImageServer
+
+    server = ImageServer().start()
+    yield server
+    server.stop()

@@ -101,9 +101,19 @@ class DownloadImagesConfig(StrictModel):
     allow_local_files: bool = False
     """Accept `file://` URLs and plain paths in the URL column (tests, local mirrors). Off: `blocked_scheme`."""
 
-    allow_private_addresses: bool = False
-    """Accept hosts on loopback, private, link-local and reserved addresses (tests, private mirrors).
-    Off: `blocked_address`, checked on the connected socket at every hop (no DNS-rebinding gap)."""
+    allowed_private_networks: list[str] = []
+    """Networks (CIDR) exempt from the address guard, for tests and private mirrors (`["10.0.0.0/8"]`). Any other
+    loopback, private, link-local or reserved address is `blocked_address`, checked before connecting and again on
+    the connected socket, at every redirect hop."""
+
+    @field_validator("allowed_private_networks")
+    @classmethod
+    def _cidrs(cls, value: list[str]) -> list[str]:
+        import ipaddress
+
+        for network in value:
+            ipaddress.ip_network(network, strict=False)  # ValueError names the bad entry
+        return value
 
     resize_mode: Literal["no", "border", "keep_ratio", "keep_ratio_largest", "center_crop"] = "border"
     """img2dataset's modes: `keep_ratio` (short side = image_size), `keep_ratio_largest` (long side = image_size),
