@@ -23,6 +23,8 @@ app = typer.Typer(
 )
 prompts_app = typer.Typer(help="Inspect and check prompt files (.txt, .jsonl, .json).", no_args_is_help=True)
 app.add_typer(prompts_app, name="prompts")
+shards_app = typer.Typer(help="Inspect WebDataset shards written by `unirl ingest`.", no_args_is_help=True)
+app.add_typer(shards_app, name="shards")
 
 BAD_INPUT = 2
 
@@ -140,6 +142,93 @@ def _patient_prefect_startup() -> None:
     """Without PREFECT_API_URL, Prefect starts an ephemeral server whose first database migration takes about
     20 s, exactly its default start-up timeout: give it 120 s unless the user chose a value."""
     os.environ.setdefault("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", "120")
+
+
+@app.command()
+def ingest(
+    recipe: Annotated[str, typer.Argument(help="Recipe file or packaged recipe name with an `ingest` section.")],
+    set_: Annotated[list[str] | None, typer.Option("--set", "-s", help="Override: dotted.key=value.")] = None,
+) -> None:
+    """Run the ingest flow (parquet -> WebDataset shards) with a progress bar, then print the summary."""
+    from unirl_core.config import RecipeError, load_recipe
+
+    try:
+        config = load_recipe(recipe, set_ or []).ingest
+    except RecipeError as exc:
+        raise _fail(str(exc)) from None
+    if config is None:
+        raise _fail(f"error: recipe {recipe} has no `ingest` section")
+    _patient_prefect_startup()
+    from flows.ingest import ingest as ingest_flow
+    from unirl_core.ingest.download import ErrorBudgetExceeded
+    from unirl_core.ingest.plan import IngestInputError
+
+    try:
+        with _rich_progress("ingest"):
+            summary = ingest_flow(config)
+    except (IngestInputError, ErrorBudgetExceeded) as exc:
+        raise _fail(f"error: {exc}") from None
+    _print_summary(summary)
+
+
+def _rich_progress(label: str):
+    """A Rich progress bar fed by the tasks' in-process progress reports (tasks/progress.py)."""
+    from contextlib import contextmanager
+
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TimeRemainingColumn
+
+    from tasks import progress as task_progress
+
+    @contextmanager
+    def running():
+        with Progress(
+            "[progress.description]{task.description}", BarColumn(), MofNCompleteColumn(), TimeRemainingColumn()
+        ) as bar:
+            rows = bar.add_task(f"{label}: rows", total=None)
+
+            def listener(kind: str, amount: int) -> None:
+                if kind == "total_rows":
+                    bar.update(rows, total=amount)
+                else:
+                    bar.advance(rows, amount)
+
+            task_progress.add_listener(listener)
+            try:
+                yield
+            finally:
+                task_progress.remove_listener(listener)
+
+    return running()
+
+
+def _print_summary(summary: dict) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    table = Table(title=f"ingest: {summary['dataset']}", show_header=False)
+    for key, value in summary.items():
+        if key not in ("dataset", "skip_reasons"):
+            table.add_row(key, str(value))
+    for reason, count in summary["skip_reasons"].items():
+        table.add_row(f"skipped: {reason}", str(count))
+    Console().print(table)
+
+
+@shards_app.command("inspect")
+def shards_inspect(
+    path: Annotated[str, typer.Argument(help="Dataset root, its shards/ folder, or an index.json (local or s3://).")],
+    samples: Annotated[int, typer.Option(help="Also print N sample records.", min=0)] = 0,
+) -> None:
+    """Print the shard index (shards, samples, bytes, skip reasons) and N samples, as JSON lines."""
+    from unirl_core.ingest.inspect import DatasetNotFound, describe, sample_records
+
+    try:
+        summary = describe(path)
+    except DatasetNotFound as exc:
+        raise _fail(f"error: {exc}") from None
+    sys.stdout.write(json.dumps(summary, ensure_ascii=False) + "\n")
+    for record in sample_records(summary["shards_folder"], summary["shard_names"], samples):
+        sys.stdout.write(json.dumps(record, ensure_ascii=False) + "\n")
 
 
 @app.command("tiny-models")

@@ -7,7 +7,7 @@ import yaml
 
 from unirl_core.config import Recipe, RecipeError, dump_resolved, load_recipe, packaged_recipes, recipe_from_tree
 
-ENV = {"DATA_PATH": "/data/prompts.jsonl"}
+ENV = {"DATA_PATH": "/data/prompts.jsonl", "INPUT_PARQUET": "/data/part-*.parquet"}
 
 
 def issues_of(exc: RecipeError) -> dict[str, str]:
@@ -17,7 +17,7 @@ def issues_of(exc: RecipeError) -> dict[str, str]:
 @pytest.mark.parametrize("name", sorted(packaged_recipes()))
 def test_every_packaged_recipe_resolves_and_round_trips(name):
     recipe = load_recipe(name, env=ENV)
-    assert recipe.name == name and recipe.train is not None
+    assert recipe.name == name and (recipe.train or recipe.ingest)
     resolved = dump_resolved(recipe)
     assert "${env:" not in resolved
     assert Recipe.model_validate(yaml.safe_load(resolved)) == recipe

@@ -55,7 +55,7 @@ class DownloadImagesConfig(StrictModel):
     """Column with the image URL (http, https or s3). Empty: images come only from `image_bytes_col`."""
 
     image_bytes_col: str | None = None
-    """Column with the encoded image bytes. When a row has both bytes and a URL, the bytes are used (no fetch)."""
+    """Column with the encoded image bytes (or Hugging Face's Image struct). When a row has both bytes and a URL, the bytes are used (no fetch)."""
 
     caption_col: str | None = "caption"
     """Column with the caption text. A null caption is stored as an empty caption."""
@@ -105,6 +105,11 @@ class DownloadImagesConfig(StrictModel):
     """Networks (CIDR) exempt from the address guard, for tests and private mirrors (`["10.0.0.0/8"]`). Any other
     loopback, private, link-local or reserved address is `blocked_address`, checked before connecting and again on
     the connected socket, at every redirect hop."""
+
+    @field_validator("url_col", "image_bytes_col", "caption_col", "captions_json_col", mode="before")
+    @classmethod
+    def _empty_is_unset(cls, value: Any) -> Any:
+        return None if value == "" else value
 
     @field_validator("allowed_private_networks")
     @classmethod

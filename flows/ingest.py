@@ -1,0 +1,62 @@
+"""The ingest flow: NeMo's stages as tasks; work units mapped with bounded concurrency.
+
+download_parquet -> download_images (one task per unit, `download_num_processes` at a time)
+                 -> reorganize_tar -> generate_wdinfo -> event `unirl.dataset.updated`
+"""
+
+from __future__ import annotations
+
+import time
+
+from prefect import flow
+from prefect.artifacts import create_progress_artifact, create_table_artifact, update_progress_artifact
+from prefect.events import emit_event
+from prefect.futures import as_completed
+from prefect.task_runners import ThreadPoolTaskRunner
+
+from tasks import ingest as ingest_tasks
+from tasks.progress import report
+from unirl_core.config.ingest import IngestConfig
+from unirl_core.ingest.stages import committed_units, summarize
+
+
+@flow(name="ingest", log_prints=True)
+def ingest(config: IngestConfig) -> dict:
+    """Parquet (or jsonl/csv) of captions and image URLs or bytes -> equal-size WebDataset shards and an index."""
+    started = time.monotonic()
+    units = ingest_tasks.plan_units(config)
+    if config.download_images.enable:
+        runner = ThreadPoolTaskRunner(max_workers=config.download_images.download_num_processes)
+        stats = download_images.with_options(task_runner=runner)(config, units)
+    else:
+        stats = committed_units(config, units)
+    record = ingest_tasks.reorganize(config, units) if config.reorganize_tar.enable else None
+    index = ingest_tasks.generate_wdinfo(config, record) if config.generate_wdinfo.enable else None
+    summary = summarize(config.dataset_output_root, units, stats, index, time.monotonic() - started)
+    _publish(summary)
+    return summary
+
+
+@flow(name="download-images")
+def download_images(config: IngestConfig, units) -> list[dict]:
+    """One task per work unit; a progress artifact follows the units as they finish."""
+    report("total_rows", sum(u.stop - u.start for u in units))
+    progress = create_progress_artifact(progress=0.0, description="ingest: work units committed")
+    futures = ingest_tasks.download_unit.map(config, units)
+    for done, _ in enumerate(as_completed(futures), start=1):
+        update_progress_artifact(progress, progress=100.0 * done / len(units))
+    return [future.result() for future in futures]
+
+
+def _publish(summary: dict) -> None:
+    table = [{"metric": k, "value": str(v)} for k, v in summary.items() if k != "skip_reasons"]
+    table += [{"metric": f"skipped: {reason}", "value": str(n)} for reason, n in summary["skip_reasons"].items()]
+    create_table_artifact(table=table, key="ingest-summary", description=f"ingest of {summary['dataset']}")
+    emit_event(
+        event="unirl.dataset.updated",
+        resource={
+            "prefect.resource.id": f"unirl.dataset.{summary['dataset']}",
+            "unirl.dataset.uri": summary["dataset"],
+        },
+        payload={k: summary.get(k) for k in ("dataset", "rows", "ok", "skipped", "shards", "samples_in_shards")},
+    )

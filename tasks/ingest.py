@@ -1,0 +1,53 @@
+"""Ingest tasks: thin Prefect adapters around unirl_core.ingest with retries for transient errors only."""
+
+from __future__ import annotations
+
+from prefect import task
+
+from tasks.progress import report
+from unirl_core.config.ingest import IngestConfig
+from unirl_core.ingest import stages
+from unirl_core.ingest.download import ErrorBudgetExceeded
+from unirl_core.ingest.plan import IngestInputError, WorkUnit
+
+PERMANENT = (IngestInputError, ErrorBudgetExceeded)
+
+
+def is_transient(task, task_run, state) -> bool:
+    """Retry network, 5xx and S3 throttling errors (OSError, ConnectionError, TimeoutError); never a bad input,
+    an exceeded error budget or a settings conflict."""
+    try:
+        state.result()
+    except PERMANENT:
+        return False
+    except (OSError, ConnectionError, TimeoutError):
+        return True
+    except Exception:
+        return False
+    return False
+
+
+@task(name="download_parquet", retries=3, retry_delay_seconds=[2, 10, 30], retry_condition_fn=is_transient)
+def plan_units(config: IngestConfig) -> list[WorkUnit]:
+    return stages.stage_download_parquet(config)
+
+
+@task(
+    name="download_images",
+    task_run_name="unit {unit.name}",
+    retries=2,
+    retry_delay_seconds=[5, 30],
+    retry_condition_fn=is_transient,
+)
+def download_unit(config: IngestConfig, unit: WorkUnit) -> dict:
+    return stages.download_unit(config.dataset_output_root, unit, config, on_row=lambda n: report("rows", n))
+
+
+@task(name="reorganize_tar", retries=2, retry_delay_seconds=[5, 30], retry_condition_fn=is_transient)
+def reorganize(config: IngestConfig, units: list[WorkUnit]) -> dict:
+    return stages.stage_reorganize_tar(config, units)
+
+
+@task(name="generate_wdinfo", retries=2, retry_delay_seconds=[5, 30], retry_condition_fn=is_transient)
+def generate_wdinfo(config: IngestConfig, record: dict | None) -> dict:
+    return stages.stage_generate_wdinfo(config, record)

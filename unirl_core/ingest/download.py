@@ -1,0 +1,287 @@
+"""Stage 2, download_images: one work unit -> one raw shard with img2dataset's contract.
+
+    raw/NNNNN.tar          <key>.jpg, <key>.txt, <key>.json per successful row, keys NNNNN + 4-digit row
+    raw/NNNNN.parquet      one row per input row, failures included: status, skip_reason, error_message, ...
+    raw/NNNNN_stats.json   counts and the skip-reason histogram; written LAST: it is the unit's commit record
+
+Rows stream from the input in batches; fetching and transforming run on a thread pool with a bounded window, so
+memory stays flat. A unit is committed only if its skip rate is within the error budget; otherwise it fails with
+the reason histogram and nothing is written under a final name.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import time
+from collections import Counter, deque
+from collections.abc import Callable, Iterable, Iterator
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass
+from datetime import UTC, datetime
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from unirl_core.config.ingest import DownloadImagesConfig, IngestConfig
+from unirl_core.ingest.fetch import Fetcher, FetchError, FetchPolicy
+from unirl_core.ingest.images import ImageOptions, SkipSample, process_image
+from unirl_core.ingest.plan import WorkUnit, open_batches
+from unirl_core.io import storage
+from unirl_core.io.tars import TarShardWriter
+
+DOWNLOAD_REASONS = {"failed_to_download", "blocked_scheme", "blocked_address", "too_large", "no_image"}
+# Settings that never change a unit's output: a re-run may change them and still reuse committed units.
+NON_OUTPUT_SETTINGS = {
+    "enable",
+    "download_num_processes",
+    "download_num_threads",
+    "connect_timeout_s",
+    "read_timeout_s",
+    "total_timeout_s",
+    "retries",
+    "retry_backoff_s",
+    "error_budget",
+}
+
+
+class ErrorBudgetExceeded(RuntimeError):
+    """Too many rows of a unit were skipped: the run fails instead of shipping an empty dataset."""
+
+
+@dataclass
+class RowResult:
+    row: dict  # the per-row parquet record
+    members: dict[str, bytes] | None  # the sample's tar members, None when skipped
+
+
+def output_fingerprint(config: DownloadImagesConfig) -> str:
+    """Identity of the settings that shape a unit's output (so a re-run never mixes two settings' outputs)."""
+    settings = config.model_dump(mode="json", exclude=NON_OUTPUT_SETTINGS)
+    return hashlib.sha256(json.dumps(settings, sort_keys=True).encode()).hexdigest()[:16]
+
+
+def raw_paths(root: str, unit: WorkUnit) -> dict[str, str]:
+    base = f"{root.rstrip('/')}/raw/{unit.name}"
+    return {"tar": f"{base}.tar", "parquet": f"{base}.parquet", "stats": f"{base}_stats.json"}
+
+
+def committed_stats(root: str, unit: WorkUnit, config: IngestConfig) -> dict | None:
+    """The unit's stats if it was committed with the same unit and settings; None if not committed yet."""
+    path = raw_paths(root, unit)["stats"]
+    if not storage.exists(path):
+        return None
+    stats = json.loads(storage.read_text(path))
+    expected = {"file": unit.file, "start": unit.start, "stop": unit.stop}
+    if stats.get("unit") != expected or stats.get("settings") != output_fingerprint(config.download_images):
+        raise ValueError(
+            f"{path} was committed for {stats.get('unit')} with settings {stats.get('settings')}, but this run plans "
+            f"{expected} with settings {output_fingerprint(config.download_images)}; use a new dataset_output_root "
+            "or delete the raw/ folder to rebuild"
+        )
+    return stats
+
+
+def download_unit(root: str, unit: WorkUnit, config: IngestConfig, on_row: Callable[[int], None] | None = None) -> dict:
+    """Process one unit into its raw shard (or return its committed stats). Raises ErrorBudgetExceeded."""
+    done = committed_stats(root, unit, config)
+    if done is not None:
+        if on_row:
+            on_row(done["count"])
+        return done
+    stage = config.download_images
+    paths, started = raw_paths(root, unit), time.time()
+    records, reasons = [], Counter()
+    with TarShardWriter(paths["tar"]) as writer, ThreadPoolExecutor(stage.download_num_threads) as pool:
+        worker = _RowWorker(unit, stage)
+        for result in ordered_map(pool, worker, _iter_rows(unit, stage), window=4 * stage.download_num_threads):
+            records.append(result.row)
+            if result.members is None:
+                reasons[result.row["skip_reason"]] += 1
+            else:
+                writer.write(result.row["key"], result.members)
+            if on_row:
+                on_row(1)
+        _check_budget(unit, len(records), reasons, stage.error_budget)
+        shard = writer.commit()
+    _write_parquet(paths["parquet"], records)
+    stats = _stats(unit, stage, records, reasons, shard, started)
+    storage.write_bytes_atomic(paths["stats"], json.dumps(stats, indent=1, sort_keys=True).encode())
+    return stats
+
+
+def ordered_map(pool: ThreadPoolExecutor, fn: Callable, items: Iterable, window: int) -> Iterator:
+    """`pool.map` in input order with at most `window` items in flight (bounded memory on long inputs)."""
+    pending: deque[Future] = deque()
+    for item in items:
+        pending.append(pool.submit(fn, item))
+        if len(pending) >= window:
+            yield pending.popleft().result()
+    while pending:
+        yield pending.popleft().result()
+
+
+def _iter_rows(unit: WorkUnit, stage: DownloadImagesConfig) -> Iterator[tuple[int, dict]]:
+    columns = [c for c in (stage.url_col, stage.image_bytes_col, stage.caption_col, stage.captions_json_col) if c]
+    columns += [c for c in stage.save_additional_columns if c not in columns]
+    position = 0
+    for batch in open_batches(unit.file, columns):
+        if position + batch.num_rows <= unit.start:
+            position += batch.num_rows
+            continue
+        for row in batch.to_pylist():
+            if unit.start <= position < unit.stop:
+                yield position, row
+            position += 1
+            if position >= unit.stop:
+                return
+
+
+class _RowWorker:
+    """Turns one input row into a RowResult; runs on the unit's thread pool."""
+
+    def __init__(self, unit: WorkUnit, stage: DownloadImagesConfig):
+        self.unit, self.stage = unit, stage
+        self.fetcher = Fetcher(
+            FetchPolicy(
+                connect_timeout_s=stage.connect_timeout_s,
+                read_timeout_s=stage.read_timeout_s,
+                total_timeout_s=stage.total_timeout_s,
+                retries=stage.retries,
+                retry_backoff_s=stage.retry_backoff_s,
+                max_redirects=stage.max_redirects,
+                max_bytes=stage.max_bytes,
+                allow_local_files=stage.allow_local_files,
+                allowed_private_networks=tuple(stage.allowed_private_networks),
+            ),
+            num_pools=max(8, stage.download_num_threads),
+        )
+        self.options = ImageOptions(
+            resize_mode=stage.resize_mode,
+            image_size=stage.image_size,
+            resize_only_if_bigger=stage.resize_only_if_bigger,
+            min_image_size=stage.min_image_size,
+            max_image_area=stage.max_image_area,
+            max_aspect_ratio=stage.max_aspect_ratio,
+            encode_format=stage.encode_format,
+            encode_quality=stage.encode_quality,
+            max_pixels=stage.max_pixels,
+        )
+
+    def __call__(self, item: tuple[int, dict]) -> RowResult:
+        position, raw = item
+        key = f"{self.unit.name}{position - self.unit.start:04d}"
+        url = raw.get(self.stage.url_col) if self.stage.url_col else None
+        row = {"key": key, "url": url, "source_file": self.unit.file, "source_row": position}
+        row.update({c: raw.get(c) for c in self.stage.save_additional_columns})
+        try:
+            caption, captions = self._caption(raw)
+            row["caption"] = caption
+            image = process_image(self._image_bytes(raw, url), self.options)
+        except (SkipSample, FetchError) as exc:
+            status = "failed_to_download" if exc.reason in DOWNLOAD_REASONS else "failed_to_resize"
+            row.update(status=status, skip_reason=exc.reason, error_message=str(exc)[:500])
+            row.setdefault("caption", None)
+            return RowResult(_with_image_fields(row), None)
+        row.update(status="success", skip_reason=None, error_message=None)
+        row.update(
+            width=image.width,
+            height=image.height,
+            original_width=image.original_width,
+            original_height=image.original_height,
+            sha256=image.sha256,
+        )
+        meta = {k: v for k, v in row.items() if _json_safe(v)}
+        if captions is not None:
+            meta["captions"] = captions
+        members = {
+            self.stage.encode_format: image.data,
+            "txt": caption.encode("utf-8"),
+            "json": json.dumps(meta, sort_keys=True, ensure_ascii=False).encode("utf-8"),
+        }
+        return RowResult(row, members)
+
+    def _image_bytes(self, raw: dict, url: str | None) -> bytes:
+        data = raw.get(self.stage.image_bytes_col) if self.stage.image_bytes_col else None
+        if isinstance(data, dict):  # Hugging Face Image feature
+            data = data.get("bytes")
+        if data:
+            return data  # bytes win over a URL in the same row: no fetch
+        if isinstance(url, str) and url.strip():
+            return self.fetcher.fetch(url.strip())
+        raise SkipSample("no_image", "the row has neither image bytes nor a URL")
+
+    def _caption(self, raw: dict) -> tuple[str, dict | None]:
+        captions = None
+        if self.stage.captions_json_col:
+            text = raw.get(self.stage.captions_json_col)
+            try:
+                captions = json.loads(text) if text else {}
+            except json.JSONDecodeError as exc:
+                raise SkipSample("bad_caption", f"captions JSON is invalid: {exc}") from None
+            if not isinstance(captions, dict):
+                raise SkipSample("bad_caption", "captions JSON is not an object")
+            caption = str(captions[min(captions, key=_caption_order)]) if captions else ""
+        else:
+            caption = raw.get(self.stage.caption_col) if self.stage.caption_col else ""
+        caption = "" if caption is None else caption
+        if isinstance(caption, bytes):
+            try:
+                caption = caption.decode("utf-8")
+            except UnicodeDecodeError:
+                raise SkipSample("bad_caption", "caption is not valid UTF-8") from None
+        if len(caption.encode("utf-8", "surrogatepass")) > self.stage.max_caption_bytes:
+            raise SkipSample("bad_caption", f"caption longer than max_caption_bytes {self.stage.max_caption_bytes}")
+        if self.stage.skip_empty_captions and not caption.strip():
+            raise SkipSample("empty_caption", "caption is empty")
+        return caption, captions
+
+
+def _caption_order(key: str) -> tuple[int, str]:
+    return (int(key), key) if key.isdigit() else (1 << 62, key)
+
+
+def _json_safe(value) -> bool:
+    return value is None or isinstance(value, str | int | float | bool | list | dict)
+
+
+def _with_image_fields(row: dict) -> dict:
+    for field in ("width", "height", "original_width", "original_height", "sha256"):
+        row.setdefault(field, None)
+    return row
+
+
+def _check_budget(unit: WorkUnit, count: int, reasons: Counter, budget: float) -> None:
+    skipped = sum(reasons.values())
+    if count and skipped / count > budget:
+        histogram = ", ".join(f"{reason}: {n}" for reason, n in reasons.most_common())
+        raise ErrorBudgetExceeded(
+            f"unit {unit.name} ({unit.file} rows {unit.start}-{unit.stop}): {skipped} of {count} rows skipped "
+            f"({skipped / count:.0%} > error_budget {budget:.0%}); reasons: {histogram}"
+        )
+
+
+def _write_parquet(path: str, records: list[dict]) -> None:
+    table = pa.Table.from_pylist([_with_image_fields(dict(r)) for r in records])
+    sink = pa.BufferOutputStream()
+    pq.write_table(table, sink)
+    storage.write_bytes_atomic(path, sink.getvalue().to_pybytes())
+
+
+def _stats(unit, stage, records, reasons, shard, started) -> dict:
+    ended = time.time()
+    statuses = Counter(r["status"] for r in records)
+    return {
+        "count": len(records),
+        "successes": statuses["success"],
+        "failed_to_download": statuses["failed_to_download"],
+        "failed_to_resize": statuses["failed_to_resize"],
+        "duration": round(ended - started, 3),
+        "start_time": datetime.fromtimestamp(started, UTC).isoformat(),
+        "end_time": datetime.fromtimestamp(ended, UTC).isoformat(),
+        "status_dict": dict(Counter(r["error_message"] for r in records if r["error_message"])),
+        "skip_reasons": dict(sorted(reasons.items())),
+        "unit": {"file": unit.file, "start": unit.start, "stop": unit.stop},
+        "settings": output_fingerprint(stage),
+        "tar": {"name": shard.name, "nsamples": shard.nsamples, "filesize": shard.filesize, "sha256": shard.sha256},
+    }

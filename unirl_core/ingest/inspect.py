@@ -1,0 +1,79 @@
+"""Read back an ingested dataset: the index, the skip accounting, and a few sample records (`unirl shards inspect`)."""
+
+from __future__ import annotations
+
+import io
+import json
+from collections import Counter
+from collections.abc import Iterator
+
+import fsspec
+from PIL import Image
+
+from unirl_core.io import storage
+from unirl_core.io.tars import iter_samples
+
+IMAGE_EXTENSIONS = ("jpg", "jpeg", "png", "webp")
+
+
+class DatasetNotFound(ValueError):
+    pass
+
+
+def _locate(path: str) -> tuple[str, str]:
+    """(dataset root, shards folder) for a root, a shards folder or an index.json path."""
+    path = path.rstrip("/")
+    if path.endswith("index.json"):
+        path = path.rsplit("/", 1)[0]
+    if storage.exists(f"{path}/shards/index.json"):
+        return path, f"{path}/shards"
+    if storage.exists(f"{path}/index.json"):
+        return path.rsplit("/", 1)[0], path
+    raise DatasetNotFound(f"{path}: no index.json here or in {path}/shards; run `unirl ingest` (generate_wdinfo)")
+
+
+def describe(path: str) -> dict:
+    root, folder = _locate(path)
+    index = json.loads(storage.read_text(f"{folder}/index.json"))
+    reasons: Counter = Counter()
+    rows = 0
+    fs, raw = fsspec.core.url_to_fs(f"{root}/raw")
+    for stats_path in sorted(fs.glob(f"{raw}/*_stats.json")):
+        stats = json.loads(fs.cat_file(stats_path))
+        rows += stats["count"]
+        reasons.update(stats["skip_reasons"])
+    reasons.update(index.get("skipped_in_reorganize", {}))
+    complete = [s["url"] for s in index["shardlist"]]
+    return {
+        "dataset": root,
+        "shards_folder": folder,
+        "shards": len(complete),
+        "samples": index["total_key_count"],
+        "bytes": sum(s["filesize"] for s in index["shardlist"]),
+        "chunk_size": index["chunk_size"],
+        "incomplete": index["incomplete"],
+        "rows": rows,
+        "skip_reasons": dict(sorted(reasons.items())),
+        "shard_names": complete + index["incomplete"],
+    }
+
+
+def sample_records(folder: str, shard_names: list[str], limit: int) -> Iterator[dict]:
+    """The first `limit` samples: key, caption, image size (from the header only) and metadata."""
+    if limit <= 0:
+        return
+    shown = 0
+    for name in shard_names:
+        for key, members in iter_samples(f"{folder}/{name}"):
+            image_ext = next((e for e in IMAGE_EXTENSIONS if e in members), None)
+            size = Image.open(io.BytesIO(members[image_ext])).size if image_ext else None
+            yield {
+                "key": key,
+                "shard": name,
+                "caption": members.get("txt", b"").decode("utf-8"),
+                "image": {"format": image_ext, "width": size[0], "height": size[1]} if size else None,
+                "metadata": json.loads(members["json"]) if "json" in members else None,
+            }
+            shown += 1
+            if shown == limit:
+                return

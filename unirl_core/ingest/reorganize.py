@@ -1,0 +1,136 @@
+"""Stages 3 and 4: reorganize_tar (equal-size shards) and generate_wdinfo (NeMo's index and a JSON twin).
+
+reorganize_tar streams the committed raw shards in unit order, which is key order (keys start with the unit
+number), and writes `shards/NNNNN.tar` of exactly `tar_chunk_size` samples; the tail shard gets a sibling
+`NNNNN.tar.INCOMPLETE` marker. A sample missing an extension of `file_ext_in_tar` is skipped and counted; the rest
+of its tar is still copied (NeMo skips the remainder of the tar, and iterates a set, so its order varies: we do
+neither). `shards/_reorganize.json` is the commit record, written last; a re-run with the same raw shards and
+settings is a no-op, otherwise the stage is rebuilt from scratch (its output is a pure function of its inputs).
+
+generate_wdinfo writes `wdinfo.pkl` exactly as NeMo does (a pickled dict of `tar_files`, `chunk_size`,
+`total_key_count`, complete shards only) and `index.json`, the same without pickle (wids layout, plus sha256).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import pickle
+from collections import Counter
+from collections.abc import Iterator
+from dataclasses import asdict
+
+import fsspec
+
+from unirl_core.io import storage
+from unirl_core.io.tars import ShardInfo, TarShardWriter, iter_samples
+
+REORGANIZE_RECORD = "_reorganize.json"
+INCOMPLETE = ".INCOMPLETE"
+WDINFO_PICKLE_PROTOCOL = 4  # what NeMo's Python (3.8-3.13) writes by default
+
+
+def shards_folder(root: str) -> str:
+    return f"{root.rstrip('/')}/shards"
+
+
+def reorganize(root: str, raw_tars: list[dict], chunk_size: int, extensions: list[str]) -> dict:
+    """Equal-size shards from the raw shards (each {"path", "sha256"}, in unit order). Returns the record."""
+    folder = shards_folder(root)
+    inputs = hashlib.sha256(
+        json.dumps(
+            [[t["path"].rsplit("/", 1)[-1], t["sha256"]] for t in raw_tars] + [chunk_size, sorted(extensions)]
+        ).encode()
+    ).hexdigest()
+    record_path = f"{folder}/{REORGANIZE_RECORD}"
+    if storage.exists(record_path):
+        record = json.loads(storage.read_text(record_path))
+        if record.get("inputs") == inputs:
+            return record
+    _clear_outputs(folder)
+    shards, skipped = _write_chunks(folder, _samples(raw_tars, extensions), chunk_size)
+    record = {
+        "version": 1,
+        "inputs": inputs,
+        "chunk_size": chunk_size,
+        "file_ext_in_tar": sorted(extensions),
+        "shards": [asdict(s) | {"complete": s.nsamples == chunk_size} for s in shards],
+        "samples": sum(s.nsamples for s in shards),
+        "skipped": dict(sorted(skipped.items())),
+    }
+    storage.write_bytes_atomic(record_path, json.dumps(record, indent=1, sort_keys=True).encode())
+    return record
+
+
+def _samples(raw_tars: list[dict], extensions: list[str]) -> Iterator[tuple[str, dict[str, bytes]] | None]:
+    """Samples in key order; None for a sample missing a required extension (counted by the writer)."""
+    for raw in raw_tars:
+        for key, members in iter_samples(raw["path"]):
+            yield (
+                (key, {ext: members[ext] for ext in sorted(members)}) if all(e in members for e in extensions) else None
+            )
+
+
+def _write_chunks(folder: str, samples, chunk_size: int) -> tuple[list[ShardInfo], Counter]:
+    shards, skipped, writer = [], Counter(), None
+    for sample in samples:
+        if sample is None:
+            skipped["missing_extension"] += 1
+            continue
+        if writer is None:
+            writer = TarShardWriter(f"{folder}/{len(shards):05d}.tar")
+        writer.write(*sample)
+        if writer.nsamples == chunk_size:
+            shards.append(writer.commit())
+            writer = None
+    if writer is not None:
+        storage.write_bytes_atomic(f"{folder}/{len(shards):05d}.tar{INCOMPLETE}", b"")  # marker before the tar
+        shards.append(writer.commit())
+    return shards, skipped
+
+
+def _clear_outputs(folder: str) -> None:
+    """Remove this stage's earlier outputs (and leftovers of a killed run); nothing else in the folder."""
+    fs, path = fsspec.core.url_to_fs(folder)
+    if not fs.exists(path):
+        return
+    for entry in fs.ls(path, detail=False):
+        name = entry.rsplit("/", 1)[-1]
+        ours = name[:5].isdigit() and (name.endswith(".tar") or name.endswith(INCOMPLETE))
+        leftover = name.startswith(".") and name.endswith(".tmp")
+        if ours or leftover or name in (REORGANIZE_RECORD, "wdinfo.pkl", "index.json"):
+            fs.rm(entry)
+
+
+def generate_wdinfo(root: str, record: dict) -> dict:
+    """Write `shards/wdinfo.pkl` (NeMo) and `shards/index.json` (no pickle) for the complete shards."""
+    folder = shards_folder(root)
+    complete = [s for s in record["shards"] if s["complete"]]
+    wdinfo = {
+        "tar_files": sorted(s["name"] for s in complete),
+        "chunk_size": record["chunk_size"],
+        "total_key_count": len(complete) * record["chunk_size"],
+    }
+    index = {
+        "__kind__": "wids-shard-index-v1",
+        "wids_version": 1,
+        "name": root.rstrip("/").rsplit("/", 1)[-1],
+        "chunk_size": record["chunk_size"],
+        "total_key_count": wdinfo["total_key_count"],
+        "shardlist": [
+            {
+                "url": s["name"],
+                "nsamples": s["nsamples"],
+                "filesize": s["filesize"],
+                "md5sum": s["md5"],
+                "sha256": s["sha256"],
+            }
+            for s in complete
+        ],
+        "incomplete": [s["name"] for s in record["shards"] if not s["complete"]],
+        "skipped_in_reorganize": record["skipped"],
+    }
+    # The one pickle we write: NeMo's loader reads nothing else. Plain dict of str/int, protocol pinned.
+    storage.write_bytes_atomic(f"{folder}/wdinfo.pkl", pickle.dumps(wdinfo, protocol=WDINFO_PICKLE_PROTOCOL))
+    storage.write_bytes_atomic(f"{folder}/index.json", json.dumps(index, indent=1, sort_keys=True).encode())
+    return index

@@ -1,0 +1,97 @@
+"""The ingest stages as plain functions (the Prefect flow wires them; a notebook can call them directly).
+
+units  = stage_download_parquet(config)                  # units.json
+stats  = [download_unit(root, u, config) for u in units]  # raw/NNNNN.{tar,parquet,_stats.json}
+record = stage_reorganize_tar(config, units)              # shards/NNNNN.tar, shards/_reorganize.json
+index  = stage_generate_wdinfo(config, record)            # shards/wdinfo.pkl, shards/index.json
+"""
+
+from __future__ import annotations
+
+import json
+from collections import Counter
+
+from unirl_core.config.ingest import IngestConfig
+from unirl_core.ingest.download import committed_stats, download_unit, raw_paths
+from unirl_core.ingest.plan import IngestInputError, WorkUnit, plan_units, read_plan, write_plan
+from unirl_core.ingest.reorganize import REORGANIZE_RECORD, generate_wdinfo, reorganize, shards_folder
+from unirl_core.io import storage
+
+__all__ = [
+    "download_unit",
+    "stage_download_parquet",
+    "stage_generate_wdinfo",
+    "stage_reorganize_tar",
+    "summarize",
+]
+
+
+def stage_download_parquet(config: IngestConfig) -> list[WorkUnit]:
+    root = config.dataset_output_root
+    previous = read_plan(root)
+    if not config.download_parquet.enable:
+        if not previous:
+            raise IngestInputError(f"download_parquet is disabled but {root}/units.json does not exist yet")
+        return previous
+    units = plan_units(config, previous)
+    if units != previous:
+        write_plan(root, units)
+    return units
+
+
+def committed_units(config: IngestConfig, units: list[WorkUnit]) -> list[dict]:
+    """Every unit's committed stats, in unit order; an error naming the units that are not committed."""
+    stats = [committed_stats(config.dataset_output_root, unit, config) for unit in units]
+    missing = [unit.name for unit, s in zip(units, stats, strict=True) if s is None]
+    if missing:
+        raise IngestInputError(
+            f"units {', '.join(missing[:10])}{' ...' if len(missing) > 10 else ''} have no committed raw shard; "
+            "run download_images first"
+        )
+    return stats
+
+
+def stage_reorganize_tar(config: IngestConfig, units: list[WorkUnit]) -> dict:
+    root = config.dataset_output_root
+    stats = committed_units(config, units)
+    raw_tars = [
+        {"path": raw_paths(root, unit)["tar"], "sha256": s["tar"]["sha256"]}
+        for unit, s in zip(units, stats, strict=True)
+    ]
+    return reorganize(root, raw_tars, config.reorganize_tar.tar_chunk_size, config.file_ext_in_tar)
+
+
+def stage_generate_wdinfo(config: IngestConfig, record: dict | None = None) -> dict:
+    if record is None:
+        path = f"{shards_folder(config.dataset_output_root)}/{REORGANIZE_RECORD}"
+        if not storage.exists(path):
+            raise IngestInputError(f"generate_wdinfo needs {path}: run reorganize_tar first")
+        record = json.loads(storage.read_text(path))
+    return generate_wdinfo(config.dataset_output_root, record)
+
+
+def summarize(root: str, units: list[WorkUnit], stats: list[dict], index: dict | None, seconds: float) -> dict:
+    """What a user wants at the end: rows in, samples out, skips by reason, throughput."""
+    reasons: Counter = Counter()
+    for s in stats:
+        reasons.update(s["skip_reasons"])
+    rows = sum(s["count"] for s in stats)
+    ok = sum(s["successes"] for s in stats)
+    summary = {
+        "dataset": root,
+        "units": len(units),
+        "rows": rows,
+        "ok": ok,
+        "skipped": sum(reasons.values()),
+        "skip_reasons": dict(sorted(reasons.items())),
+        "seconds": round(seconds, 2),
+        "images_per_s": round(ok / seconds, 1) if seconds > 0 else None,
+    }
+    if index is not None:
+        summary |= {
+            "shards": len(index["shardlist"]),
+            "samples_in_shards": index["total_key_count"],
+            "incomplete_shards": index["incomplete"],
+            "bytes": sum(s["filesize"] for s in index["shardlist"]),
+        }
+    return summary
