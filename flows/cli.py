@@ -182,7 +182,12 @@ def _rich_progress(label: str):
     @contextmanager
     def running():
         with Progress(
-            "[progress.description]{task.description}", BarColumn(), MofNCompleteColumn(), TimeRemainingColumn()
+            "[progress.description]{task.description}",
+            BarColumn(),
+            MofNCompleteColumn(),
+            TimeRemainingColumn(),
+            redirect_stdout=False,  # Prefect's log handler keeps the stream it first saw: never hand it a proxy
+            redirect_stderr=False,
         ) as bar:
             rows = bar.add_task(f"{label}: rows", total=None)
 

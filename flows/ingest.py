@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import time
 
-from prefect import flow
+from prefect import flow, unmapped
 from prefect.artifacts import create_progress_artifact, create_table_artifact, update_progress_artifact
 from prefect.events import emit_event
 from prefect.futures import as_completed
@@ -42,7 +42,7 @@ def download_images(config: IngestConfig, units) -> list[dict]:
     """One task per work unit; a progress artifact follows the units as they finish."""
     report("total_rows", sum(u.stop - u.start for u in units))
     progress = create_progress_artifact(progress=0.0, description="ingest: work units committed")
-    futures = ingest_tasks.download_unit.map(config, units)
+    futures = ingest_tasks.download_unit.map(unmapped(config), units)
     for done, _ in enumerate(as_completed(futures), start=1):
         update_progress_artifact(progress, progress=100.0 * done / len(units))
     return [future.result() for future in futures]

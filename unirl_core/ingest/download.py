@@ -26,7 +26,7 @@ import pyarrow.parquet as pq
 from unirl_core.config.ingest import DownloadImagesConfig, IngestConfig
 from unirl_core.ingest.fetch import Fetcher, FetchError, FetchPolicy
 from unirl_core.ingest.images import ImageOptions, SkipSample, process_image
-from unirl_core.ingest.plan import WorkUnit, open_batches
+from unirl_core.ingest.plan import WorkUnit, input_schema, open_batches
 from unirl_core.io import storage
 from unirl_core.io.tars import TarShardWriter
 
@@ -104,7 +104,7 @@ def download_unit(root: str, unit: WorkUnit, config: IngestConfig, on_row: Calla
                 on_row(1)
         _check_budget(unit, len(records), reasons, stage.error_budget)
         shard = writer.commit()
-    _write_parquet(paths["parquet"], records)
+    _write_parquet(paths["parquet"], records, _row_schema(unit, stage))
     stats = _stats(unit, stage, records, reasons, shard, started)
     storage.write_bytes_atomic(paths["stats"], json.dumps(stats, indent=1, sort_keys=True).encode())
     return stats
@@ -154,7 +154,7 @@ class _RowWorker:
                 allow_local_files=stage.allow_local_files,
                 allowed_private_networks=tuple(stage.allowed_private_networks),
             ),
-            num_pools=max(8, stage.download_num_threads),
+            pool_size=stage.download_num_threads,
         )
         self.options = ImageOptions(
             resize_mode=stage.resize_mode,
@@ -261,8 +261,34 @@ def _check_budget(unit: WorkUnit, count: int, reasons: Counter, budget: float) -
         )
 
 
-def _write_parquet(path: str, records: list[dict]) -> None:
-    table = pa.Table.from_pylist([_with_image_fields(dict(r)) for r in records])
+ROW_FIELDS = [
+    ("key", pa.string()),
+    ("url", pa.string()),
+    ("source_file", pa.string()),
+    ("source_row", pa.int64()),
+    ("caption", pa.string()),
+    ("status", pa.string()),
+    ("skip_reason", pa.string()),
+    ("error_message", pa.string()),
+    ("width", pa.int64()),
+    ("height", pa.int64()),
+    ("original_width", pa.int64()),
+    ("original_height", pa.int64()),
+    ("sha256", pa.string()),
+]
+
+
+def _row_schema(unit: WorkUnit, stage: DownloadImagesConfig) -> pa.Schema:
+    """The same columns and types in every unit's parquet, so readers can concatenate them."""
+    fields = [pa.field(name, kind) for name, kind in ROW_FIELDS]
+    if stage.save_additional_columns:
+        source = input_schema(unit.file)
+        fields += [source.field(c) for c in stage.save_additional_columns if c not in dict(ROW_FIELDS)]
+    return pa.schema(fields)
+
+
+def _write_parquet(path: str, records: list[dict], schema: pa.Schema) -> None:
+    table = pa.Table.from_pylist([_with_image_fields(dict(r)) for r in records], schema=schema)
     sink = pa.BufferOutputStream()
     pq.write_table(table, sink)
     storage.write_bytes_atomic(path, sink.getvalue().to_pybytes())

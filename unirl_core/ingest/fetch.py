@@ -88,14 +88,14 @@ class _GuardedConnectionMixin:
         return sock
 
 
-def _guarded_pool_manager(policy: FetchPolicy, num_pools: int) -> urllib3.PoolManager:
+def _guarded_pool_manager(policy: FetchPolicy, num_pools: int, pool_size: int) -> urllib3.PoolManager:
     def connection_class(base):
         return type(f"Guarded{base.__name__}", (_GuardedConnectionMixin, base), {"allowed_networks": networks})
 
     networks = tuple(ipaddress.ip_network(n, strict=False) for n in policy.allowed_private_networks)
     http_pool = type("GuardedHTTPPool", (HTTPConnectionPool,), {"ConnectionCls": connection_class(HTTPConnection)})
     https_pool = type("GuardedHTTPSPool", (HTTPSConnectionPool,), {"ConnectionCls": connection_class(HTTPSConnection)})
-    manager = urllib3.PoolManager(num_pools=num_pools, maxsize=4, headers={"User-Agent": policy.user_agent})
+    manager = urllib3.PoolManager(num_pools=num_pools, maxsize=pool_size, headers={"User-Agent": policy.user_agent})
     manager.pool_classes_by_scheme = {"http": http_pool, "https": https_pool}
     return manager
 
@@ -103,9 +103,9 @@ def _guarded_pool_manager(policy: FetchPolicy, num_pools: int) -> urllib3.PoolMa
 class Fetcher:
     """Thread-safe: one per work unit (or process), shared by its fetch threads."""
 
-    def __init__(self, policy: FetchPolicy, num_pools: int = 64):
+    def __init__(self, policy: FetchPolicy, num_pools: int = 64, pool_size: int = 16):
         self.policy = policy
-        self._http = _guarded_pool_manager(policy, num_pools)
+        self._http = _guarded_pool_manager(policy, num_pools, pool_size)
         self._timeout = urllib3.Timeout(connect=policy.connect_timeout_s, read=policy.read_timeout_s)
 
     def fetch(self, url: str) -> bytes:

@@ -62,7 +62,7 @@ def list_inputs(patterns: list[str]) -> list[str]:
     return sorted(found)
 
 
-def open_batches(path: str, columns: list[str], batch_size: int = 256) -> Iterator[pa.RecordBatch]:
+def open_batches(path: str, columns: list[str] | None, batch_size: int = 256) -> Iterator[pa.RecordBatch]:
     """Stream record batches of `columns` from a parquet, jsonl or csv file (never the whole file in memory)."""
     fmt = input_format(path)
     with fsspec.open(path, "rb") as f:
@@ -71,10 +71,18 @@ def open_batches(path: str, columns: list[str], batch_size: int = 256) -> Iterat
         elif fmt == "jsonl":
             reader = pa_json.open_json(f, read_options=pa_json.ReadOptions(block_size=1 << 20))
             for batch in reader:
-                yield batch.select(columns)
+                yield batch if columns is None else batch.select(columns)
         else:
             convert = pa_csv.ConvertOptions(include_columns=columns)
             yield from pa_csv.open_csv(f, convert_options=convert)
+
+
+def input_schema(path: str) -> pa.Schema:
+    """The input's columns and types (parquet: from the footer; jsonl/csv: as the first block reads)."""
+    if input_format(path) == "parquet":
+        with fsspec.open(path, "rb") as f:
+            return pq.ParquetFile(f).schema_arrow
+    return next(iter(open_batches(path, columns=None))).schema
 
 
 def inspect_input(path: str, config: IngestConfig) -> int:

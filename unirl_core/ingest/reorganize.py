@@ -114,7 +114,6 @@ def generate_wdinfo(root: str, record: dict) -> dict:
     index = {
         "__kind__": "wids-shard-index-v1",
         "wids_version": 1,
-        "name": root.rstrip("/").rsplit("/", 1)[-1],
         "chunk_size": record["chunk_size"],
         "total_key_count": wdinfo["total_key_count"],
         "shardlist": [

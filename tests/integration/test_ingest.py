@@ -1,0 +1,284 @@
+"""The ingest flow end to end on real Prefect, a loopback image server, local folders and moto's S3."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import pickle
+from pathlib import Path
+
+import image_cases as cases
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+from http_server import Route
+from typer.testing import CliRunner
+
+from flows.cli import app
+from unirl_core.config.ingest import IngestConfig
+from unirl_core.ingest.download import ErrorBudgetExceeded
+from unirl_core.ingest.plan import IngestInputError
+
+pytestmark = pytest.mark.slow
+
+# row -> expected skip reason (None: a sample), in input order
+BAD_ROWS = [
+    ("/bad/404.jpg", None, "failed_to_download"),
+    ("/bad/500.jpg", Route(status=500), "failed_to_download"),
+    ("/bad/bomb.png", Route(body=cases.decompression_bomb(), content_type="image/png"), "too_many_pixels"),
+    ("/bad/truncated.jpg", cases.truncated_jpeg(), "decode_error"),
+    ("/bad/page.jpg", Route(body=cases.HTML, content_type="text/html"), "decode_error"),
+    ("/bad/empty.jpg", b"", "decode_error"),
+    ("/bad/huge.jpg", Route(endless=True), "too_large"),
+    ("/bad/to-metadata", Route(status=302, location="http://169.254.169.254/latest/meta-data/"), "blocked_address"),
+]
+
+
+def write_parquet(path: Path, rows: list[dict]) -> str:
+    pq.write_table(pa.Table.from_pylist(rows), path, row_group_size=7)
+    return str(path)
+
+
+def good_rows(server, count: int, offset: int = 0) -> list[dict]:
+    rows = []
+    for i in range(offset, offset + count):
+        url = server.add(f"/ok/{i}.jpg", cases.jpeg(240 + 7 * (i % 9), 180 + 5 * (i % 7), seed=i))
+        rows.append({"url": url, "caption": f"procedural image {i}", "image": None, "source": "web"})
+    return rows
+
+
+def mixed_rows(server) -> tuple[list[dict], list]:
+    rows, expected = good_rows(server, 30), [None] * 30
+    for path, route, reason in BAD_ROWS:
+        url = server.base + path if route is None else server.add(path, route)
+        rows.append({"url": url, "caption": f"bad {path}", "image": None, "source": "web"})
+        expected.append(reason)
+    extra = [
+        ({"url": None, "caption": "bytes only", "image": cases.jpeg(seed=101), "source": "bytes"}, None),
+        ({"url": server.base + "/ok/0.jpg", "caption": "both", "image": cases.jpeg(seed=102), "source": "x"}, None),
+        ({"url": None, "caption": "neither", "image": None, "source": "none"}, "no_image"),
+        ({"url": "file:///etc/passwd", "caption": "local", "image": None, "source": "x"}, "blocked_scheme"),
+        ({"url": server.base + "/ok/1.jpg", "caption": None, "image": None, "source": "null caption"}, None),
+        ({"url": server.base + "/ok/2.jpg", "caption": "x" * 70_000, "image": None, "source": "huge"}, "bad_caption"),
+        (
+            {
+                "url": server.add("/exif6.jpg", cases.exif_rotated(6)),
+                "caption": "rotated",
+                "image": None,
+                "source": "x",
+            },
+            None,
+        ),
+        ({"url": server.add("/cmyk.jpg", cases.cmyk_jpeg()), "caption": "cmyk", "image": None, "source": "x"}, None),
+        (
+            {
+                "url": server.add("/pal.png", cases.palette_with_transparency()),
+                "caption": "p",
+                "image": None,
+                "source": "x",
+            },
+            None,
+        ),
+        ({"url": server.add("/anim.gif", cases.animated_gif()), "caption": "gif", "image": None, "source": "x"}, None),
+    ]
+    rows += [r for r, _ in extra]
+    expected += [e for _, e in extra]
+    return rows, expected
+
+
+def recipe(tmp_path: Path, root: str, pattern: str, **images) -> str:
+    config = {
+        "ingest": {
+            "dataset_output_root": root,
+            "download_parquet": {"parquet_pattern": pattern, "rows_per_unit": 20},
+            "download_images": {
+                "image_bytes_col": "image",
+                "save_additional_columns": ["source"],
+                "allowed_private_networks": ["127.0.0.1/32"],
+                "retries": 1,
+                "retry_backoff_s": 0.01,
+                "read_timeout_s": 2,
+                "max_bytes": 200_000,
+                "resize_mode": "center_crop",
+                "image_size": 64,
+                "download_num_threads": 4,
+                **images,
+            },
+            "reorganize_tar": {"tar_chunk_size": 8},
+        }
+    }
+    path = tmp_path / f"recipe-{hashlib.md5(root.encode()).hexdigest()[:6]}.json.yaml"
+    path.write_text(json.dumps(config))
+    return str(path)
+
+
+def run_ingest(recipe_path: str) -> dict:
+    """What `unirl ingest RECIPE` does, in-process (the console script itself is run in tests/e2e: Prefect's log
+    handler keeps the first stream it sees, so a second in-process CliRunner invocation cannot be used)."""
+    from flows.ingest import ingest
+    from unirl_core.config import load_recipe
+
+    return ingest(load_recipe(recipe_path).ingest)
+
+
+def digests(folder: Path) -> dict[str, str]:
+    return {
+        p.name: hashlib.sha256(p.read_bytes()).hexdigest()
+        for p in sorted(folder.iterdir())
+        if not p.name.startswith(".")
+    }
+
+
+def test_ingest_accounts_for_every_row_and_writes_equal_shards(prefect_harness, image_server, tmp_path):
+    rows, expected = mixed_rows(image_server)
+    pattern = write_parquet(tmp_path / "mixed.parquet", rows)
+    root = tmp_path / "dataset"
+    result = run_ingest(recipe(tmp_path, str(root), pattern))
+
+    # every input row is accounted for, with the reason we expect
+    records = pa.concat_tables([pq.read_table(p) for p in sorted((root / "raw").glob("*.parquet"))]).to_pylist()
+    assert len(records) == len(rows)
+    assert [r["skip_reason"] for r in records] == expected
+    assert {r["status"] for r in records} == {"success", "failed_to_download", "failed_to_resize"}
+    ok = expected.count(None)
+
+    # shards of exactly tar_chunk_size, the tail marked, the index and wdinfo consistent
+    shards = root / "shards"
+    index = json.loads((shards / "index.json").read_text())
+    wdinfo = pickle.loads((shards / "wdinfo.pkl").read_bytes())
+    assert wdinfo == {
+        "tar_files": [s["url"] for s in index["shardlist"]],
+        "chunk_size": 8,
+        "total_key_count": 8 * (ok // 8),
+    }
+    assert all(s["nsamples"] == 8 for s in index["shardlist"])
+    tail = f"{ok // 8:05d}.tar"
+    assert index["incomplete"] == [tail] and (shards / f"{tail}.INCOMPLETE").exists()
+
+    summary = CliRunner().invoke(app, ["shards", "inspect", str(root), "--samples", "3"])
+    assert summary.exit_code == 0, summary.output
+    head, *samples = [json.loads(line) for line in summary.stdout.splitlines()]
+    assert head["rows"] == len(rows) and head["samples"] == 8 * (ok // 8)
+    assert sum(head["skip_reasons"].values()) == len(rows) - ok
+    assert len(samples) == 3 and samples[0]["image"] == {"format": "jpg", "width": 64, "height": 64}
+    assert samples[0]["caption"] == "procedural image 0" and samples[0]["metadata"]["source"] == "web"
+    assert result["rows"] == len(rows) and result["ok"] == ok and result["skip_reasons"]["decode_error"] == 3
+
+
+def test_rerun_is_a_no_op_and_two_runs_are_byte_identical(prefect_harness, image_server, tmp_path):
+    pattern = write_parquet(tmp_path / "good.parquet", good_rows(image_server, 45, offset=200))
+    first, second = tmp_path / "a", tmp_path / "b"
+    run_ingest(recipe(tmp_path, str(first), pattern))
+    hits = sum(image_server.hits.values())
+    before = digests(first / "shards")
+    run_ingest(recipe(tmp_path, str(first), pattern))
+    assert sum(image_server.hits.values()) == hits  # committed units were skipped: nothing fetched again
+    assert digests(first / "shards") == before
+    run_ingest(recipe(tmp_path, str(second), pattern))
+    assert digests(second / "shards") == before
+    assert digests(second / "raw").keys() == digests(first / "raw").keys()
+
+
+def test_new_input_files_append_units_and_keep_full_shards(prefect_harness, image_server, tmp_path):
+    (tmp_path / "in").mkdir()
+    write_parquet(tmp_path / "in" / "a.parquet", good_rows(image_server, 20, offset=300))
+    root = tmp_path / "ds"
+    config = recipe(tmp_path, str(root), str(tmp_path / "in" / "*.parquet"))
+    run_ingest(config)
+    before = digests(root / "shards")
+    write_parquet(tmp_path / "in" / "0-earlier-name.parquet", good_rows(image_server, 10, offset=400))
+    run_ingest(config)
+    after = digests(root / "shards")
+    assert after["00000.tar"] == before["00000.tar"] and after["00001.tar"] == before["00001.tar"]
+    assert json.loads((root / "shards" / "index.json").read_text())["total_key_count"] == 24
+
+
+def test_error_budget_fails_the_run_with_the_histogram(prefect_harness, image_server, tmp_path):
+    rows = good_rows(image_server, 3, offset=500) + [
+        {"url": image_server.base + f"/bad/missing-{i}.jpg", "caption": "x", "image": None, "source": "x"}
+        for i in range(7)
+    ]
+    pattern = write_parquet(tmp_path / "mostly-bad.parquet", rows)
+    with pytest.raises(ErrorBudgetExceeded) as info:
+        run_ingest(recipe(tmp_path, str(tmp_path / "ds"), pattern))
+    assert "7 of 10 rows skipped (70% > error_budget 50%); reasons: failed_to_download: 7" in str(info.value)
+    assert not list((tmp_path / "ds" / "raw").glob("*_stats.json"))  # nothing committed
+    assert not list((tmp_path / "ds" / "raw").glob("*.tar"))
+
+
+def empty_parquet(path: Path) -> None:
+    pq.write_table(pa.table({"url": pa.array([], pa.string()), "caption": pa.array([], pa.string())}), path)
+
+
+@pytest.mark.parametrize(
+    ("make", "message"),
+    [
+        (
+            lambda p: write_parquet(p, [{"link": "http://x/a.jpg", "caption": "a"}]),
+            "column 'url' (download_images.url_col) is missing",
+        ),
+        (
+            lambda p: write_parquet(p, [{"url": 3, "caption": "a"}]),
+            "column 'url' (download_images.url_col) has type int64",
+        ),
+        (empty_parquet, "the file has no rows"),
+        (lambda p: p.write_bytes(b"PAR1 this is not parquet"), "not a readable parquet file"),
+    ],
+)
+def test_bad_inputs_fail_before_any_download(prefect_harness, image_server, tmp_path, make, message):
+    path = tmp_path / "input.parquet"
+    make(path)
+    hits = sum(image_server.hits.values())
+    with pytest.raises(IngestInputError) as info:
+        run_ingest(recipe(tmp_path, str(tmp_path / "ds"), str(path), image_bytes_col=None, save_additional_columns=[]))
+    assert message in str(info.value) and str(path) in str(info.value)
+    assert sum(image_server.hits.values()) == hits
+    assert not (tmp_path / "ds" / "raw").exists()
+
+
+def test_wdinfo_loads_the_way_nemo_loads_it(prefect_harness, image_server, tmp_path):
+    import webdataset as wds
+
+    pattern = write_parquet(tmp_path / "nemo.parquet", good_rows(image_server, 20, offset=600))
+    root = tmp_path / "ds"
+    run_ingest(recipe(tmp_path, str(root), pattern))
+    wdinfo_path = root / "shards" / "wdinfo.pkl"
+    with open(wdinfo_path, "rb") as f:  # NeMo: pickle.load, then tar_files relative to the wdinfo folder
+        info = pickle.load(f)
+    urls = [str(wdinfo_path.parent / name) for name in info["tar_files"]]
+    samples = list(wds.WebDataset(urls, shardshuffle=False))
+    assert len(samples) == info["total_key_count"] == 16
+    assert all({"jpg", "txt", "json"} <= set(s) for s in samples)
+    assert [s["__key__"] for s in samples] == sorted(s["__key__"] for s in samples)
+
+
+def test_s3_round_trip(prefect_harness, image_server, s3_endpoint, tmp_path):
+    import fsspec
+
+    local = write_parquet(tmp_path / "s3in.parquet", good_rows(image_server, 12, offset=700))
+    fs = fsspec.filesystem("s3")
+    fs.put_file(local, "unirl-test/inputs/part-0.parquet")
+    root = "s3://unirl-test/datasets/s3-demo"
+    assert run_ingest(recipe(tmp_path, root, "s3://unirl-test/inputs/*.parquet"))["ok"] == 12
+    listing = sorted(p.rsplit("/", 1)[-1] for p in fs.ls("unirl-test/datasets/s3-demo/shards"))
+    assert listing == ["00000.tar", "00001.tar", "00001.tar.INCOMPLETE", "_reorganize.json", "index.json", "wdinfo.pkl"]
+    inspect = CliRunner().invoke(app, ["shards", "inspect", root, "--samples", "1"])
+    assert inspect.exit_code == 0, inspect.output
+    head, sample = [json.loads(line) for line in inspect.stdout.splitlines()]
+    assert head["samples"] == 8 and head["rows"] == 12 and sample["key"] == "000000000"
+
+
+def test_ingest_flow_publishes_artifacts_and_an_event(prefect_harness, image_server, tmp_path):
+    from prefect.client.orchestration import get_client
+
+    from flows.ingest import ingest
+
+    pattern = write_parquet(tmp_path / "ev.parquet", good_rows(image_server, 9, offset=800))
+    config = IngestConfig.model_validate(
+        json.loads(Path(recipe(tmp_path, str(tmp_path / "ds"), pattern)).read_text())["ingest"]
+    )
+    summary = ingest(config)
+    assert summary["ok"] == 9 and summary["shards"] == 1 and summary["samples_in_shards"] == 8
+    with get_client(sync_client=True) as client:
+        keys = {a.key for a in client.read_latest_artifacts()}
+    assert "ingest-summary" in keys
