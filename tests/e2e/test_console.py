@@ -22,7 +22,7 @@ def unirl(*args: str, env: dict | None = None) -> subprocess.CompletedProcess:
 def test_help_lists_every_command():
     result = unirl("--help")
     assert result.returncode == 0, result.stderr
-    for command in ("validate", "schema", "recipes", "prompts", "tiny-models", "workspace"):
+    for command in ("validate", "schema", "recipes", "prompts", "ingest", "shards", "tiny-models", "workspace"):
         assert command in result.stdout
 
 
