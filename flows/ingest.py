@@ -8,11 +8,10 @@ from __future__ import annotations
 
 import time
 
-from prefect import flow, unmapped
+from prefect import flow
 from prefect.artifacts import create_progress_artifact, create_table_artifact, update_progress_artifact
 from prefect.events import emit_event
 from prefect.futures import as_completed
-from prefect.task_runners import ThreadPoolTaskRunner
 
 from tasks import ingest as ingest_tasks
 from tasks.progress import report
@@ -25,11 +24,7 @@ def ingest(config: IngestConfig) -> dict:
     """Parquet (or jsonl/csv) of captions and image URLs or bytes -> equal-size WebDataset shards and an index."""
     started = time.monotonic()
     units = ingest_tasks.plan_units(config)
-    if config.download_images.enable:
-        runner = ThreadPoolTaskRunner(max_workers=config.download_images.download_num_processes)
-        stats = download_images.with_options(task_runner=runner)(config, units)
-    else:
-        stats = committed_units(config, units)
+    stats = download_images(config, units) if config.download_images.enable else committed_units(config, units)
     record = ingest_tasks.reorganize(config, units) if config.reorganize_tar.enable else None
     index = ingest_tasks.generate_wdinfo(config, record) if config.generate_wdinfo.enable else None
     summary = summarize(config.dataset_output_root, units, stats, index, time.monotonic() - started)
@@ -37,15 +32,27 @@ def ingest(config: IngestConfig) -> dict:
     return summary
 
 
-@flow(name="download-images")
-def download_images(config: IngestConfig, units) -> list[dict]:
-    """One task per work unit; a progress artifact follows the units as they finish."""
+def download_images(config: IngestConfig, units: list) -> list[dict]:
+    """One task per work unit, at most `download_num_processes` running; a progress artifact follows them."""
     report("total_rows", sum(u.stop - u.start for u in units))
     progress = create_progress_artifact(progress=0.0, description="ingest: work units committed")
-    futures = ingest_tasks.download_unit.map(unmapped(config), units)
-    for done, _ in enumerate(as_completed(futures), start=1):
-        update_progress_artifact(progress, progress=100.0 * done / len(units))
+    limit, futures, running = config.download_images.download_num_processes, [], []
+    for unit in units:
+        if len(running) >= limit:
+            running.remove(_next_done(running, progress, futures))
+        future = ingest_tasks.download_unit.submit(config, unit)
+        futures.append(future)
+        running.append(future)
+    while running:
+        running.remove(_next_done(running, progress, futures))
     return [future.result() for future in futures]
+
+
+def _next_done(running: list, progress, futures: list):
+    done = next(as_completed(running))
+    finished = len(futures) - len(running) + 1
+    update_progress_artifact(progress, progress=100.0 * finished / len(futures))
+    return done
 
 
 def _publish(summary: dict) -> None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import hashlib
 import json
 import pickle
+import time
 from pathlib import Path
 
 import image_cases as cases
@@ -269,9 +270,14 @@ def test_s3_round_trip(prefect_harness, image_server, s3_endpoint, tmp_path):
 
 
 def test_ingest_flow_publishes_artifacts_and_an_event(prefect_harness, image_server, tmp_path):
+    from datetime import UTC, datetime, timedelta
+
     from prefect.client.orchestration import get_client
+    from prefect.events.filters import EventFilter, EventNameFilter, EventOccurredFilter
 
     from flows.ingest import ingest
+
+    started = datetime.now(UTC)
 
     pattern = write_parquet(tmp_path / "ev.parquet", good_rows(image_server, 9, offset=800))
     config = IngestConfig.model_validate(
@@ -281,4 +287,13 @@ def test_ingest_flow_publishes_artifacts_and_an_event(prefect_harness, image_ser
     assert summary["ok"] == 9 and summary["shards"] == 1 and summary["samples_in_shards"] == 8
     with get_client(sync_client=True) as client:
         keys = {a.key for a in client.read_latest_artifacts()}
+        event_filter = EventFilter(
+            event=EventNameFilter(name=["unirl.dataset.updated"]),
+            occurred=EventOccurredFilter(since=started, until=started + timedelta(minutes=10)),
+        )
+        deadline = time.monotonic() + 30
+        while not (events := client.read_events(filter=event_filter, limit=50).events) and time.monotonic() < deadline:
+            time.sleep(0.5)  # events reach the API asynchronously
     assert "ingest-summary" in keys
+    payloads = [e.payload for e in events if e.payload.get("dataset") == config.dataset_output_root]
+    assert payloads and payloads[0]["ok"] == 9 and payloads[0]["samples_in_shards"] == 8

@@ -177,6 +177,7 @@ class _RowWorker:
             encode_format=stage.encode_format,
             encode_quality=stage.encode_quality,
             max_pixels=stage.max_pixels,
+            downscale_filter=stage.downscale_filter,
         )
 
     def __call__(self, item: tuple[int, dict]) -> RowResult:

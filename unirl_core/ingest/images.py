@@ -40,6 +40,7 @@ class ImageOptions:
     encode_format: str = "jpg"
     encode_quality: int = 95
     max_pixels: int = 89_478_485
+    downscale_filter: str = "area"  # area | bicubic | lanczos
 
 
 @dataclass(frozen=True)
@@ -169,10 +170,19 @@ def to_rgb(image: Image.Image) -> Image.Image:
     return image.convert("RGB")
 
 
+DOWNSCALE_FILTERS = {
+    "area": Image.Resampling.BOX,  # area averaging: OpenCV's INTER_AREA, img2dataset's choice for shrinking
+    "bicubic": Image.Resampling.BICUBIC,
+    "lanczos": Image.Resampling.LANCZOS,
+}
+
+
 def _resize(image: Image.Image, target: tuple[int, int], options: ImageOptions) -> Image.Image:
     if image.size != target:
-        shrinking = target[0] < image.width
-        image = image.resize(target, Image.Resampling.LANCZOS, reducing_gap=3.0 if shrinking else None)
+        if target[0] < image.width:
+            image = image.resize(target, DOWNSCALE_FILTERS[options.downscale_filter], reducing_gap=3.0)
+        else:
+            image = image.resize(target, Image.Resampling.LANCZOS)  # upscaling, as img2dataset
     side = options.image_size
     if options.resize_mode == "center_crop" and min(image.size) >= side:
         left, top = (image.width - side) // 2, (image.height - side) // 2

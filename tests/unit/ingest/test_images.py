@@ -127,3 +127,12 @@ def test_filters(options, reason):
     with pytest.raises(SkipSample) as info:
         process_image(cases.jpeg(400, 200), options)
     assert info.value.reason == reason
+
+
+@pytest.mark.parametrize("downscale_filter", ["area", "bicubic", "lanczos"])
+def test_downscale_filters_give_the_same_size_and_differ_in_pixels(downscale_filter):
+    options = ImageOptions(resize_mode="keep_ratio", image_size=64, downscale_filter=downscale_filter)
+    stored = process_image(cases.jpeg(400, 300, seed=8), options)
+    assert decoded(stored).size == (85, 64)
+    area = process_image(cases.jpeg(400, 300, seed=8), ImageOptions(resize_mode="keep_ratio", image_size=64))
+    assert (stored.data == area.data) == (downscale_filter == "area")

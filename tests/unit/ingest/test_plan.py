@@ -1,0 +1,94 @@
+"""Work-unit planning and row reading for parquet, jsonl and csv inputs; caption columns; HF image structs."""
+
+from __future__ import annotations
+
+import json
+
+import image_cases as cases
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+from unirl_core.config.ingest import IngestConfig
+from unirl_core.ingest.download import download_unit
+from unirl_core.ingest.plan import IngestInputError, WorkUnit, list_inputs, plan_units, split_rows
+
+
+def config(tmp_path, pattern, **images) -> IngestConfig:
+    return IngestConfig.model_validate(
+        {
+            "dataset_output_root": str(tmp_path / "out"),
+            "download_parquet": {"parquet_pattern": pattern, "rows_per_unit": 4},
+            "download_images": {"allowed_private_networks": ["127.0.0.1/32"], "resize_mode": "no", **images},
+        }
+    )
+
+
+def test_split_rows_by_rows_per_unit_and_subpartitions(tmp_path):
+    c = config(tmp_path, "x")
+    assert split_rows(10, c) == [(0, 4), (4, 8), (8, 10)]
+    c.download_parquet.parquet_subpartitions = 3
+    assert split_rows(10, c) == [(0, 3), (3, 6), (6, 10)]
+    assert split_rows(25_000, c) == [(0, 8333), (8333, 16666), (16666, 25000)]
+
+
+def test_list_inputs_sorts_and_refuses_empty_patterns(tmp_path):
+    for name in ("b.parquet", "a.parquet", "c.csv"):
+        (tmp_path / name).write_text("x")
+    assert list_inputs([str(tmp_path / "*.parquet"), str(tmp_path / "c.csv")]) == [
+        str(tmp_path / n) for n in ("a.parquet", "b.parquet", "c.csv")
+    ]
+    with pytest.raises(IngestInputError, match=r"matches no file"):
+        list_inputs([str(tmp_path / "*.jsonl")])
+
+
+@pytest.mark.parametrize("fmt", ["jsonl", "csv"])
+def test_jsonl_and_csv_inputs(tmp_path, image_server, fmt):
+    rows = [
+        {"url": image_server.add(f"/plan/{fmt}/{i}.jpg", cases.jpeg(64, 48, seed=i)), "caption": f"c{i}"}
+        for i in range(6)
+    ]
+    path = tmp_path / f"in.{fmt}"
+    if fmt == "jsonl":
+        path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    else:
+        path.write_text("url,caption\n" + "".join(f"{r['url']},{r['caption']}\n" for r in rows))
+    c = config(tmp_path, str(path))
+    units = plan_units(c, [])
+    assert [(u.start, u.stop) for u in units] == [(0, 4), (4, 6)]
+    stats = [download_unit(c.dataset_output_root, u, c) for u in units]
+    assert [s["successes"] for s in stats] == [4, 2]
+
+
+def test_a_changed_input_is_refused(tmp_path):
+    path = tmp_path / "in.parquet"
+    pq.write_table(pa.table({"url": ["http://x/1.jpg"] * 3, "caption": ["a"] * 3}), path)
+    c = config(tmp_path, str(path))
+    planned = plan_units(c, [])
+    pq.write_table(pa.table({"url": ["http://x/1.jpg"] * 5, "caption": ["a"] * 5}), path)
+    with pytest.raises(IngestInputError, match="has 5 rows but was planned with 3"):
+        plan_units(c, planned)
+
+
+def test_bagel_captions_json_and_hf_image_struct(tmp_path):
+    image = {"bytes": cases.jpeg(80, 60, seed=5), "path": "a.jpg"}
+    table = pa.Table.from_pylist(
+        [
+            {"image": image, "captions": json.dumps({"1": "second", "0": "first"})},
+            {"image": image, "captions": "{not json"},
+        ]
+    )
+    pq.write_table(table, tmp_path / "t2i.parquet")
+    c = config(
+        tmp_path, str(tmp_path / "t2i.parquet"), url_col=None, caption_col=None, image_bytes_col="image",
+        captions_json_col="captions", error_budget=1.0,
+    )  # fmt: skip
+    (unit,) = plan_units(c, [])
+    assert unit == WorkUnit(0, str(tmp_path / "t2i.parquet"), 0, 2)
+    stats = download_unit(c.dataset_output_root, unit, c)
+    assert stats["successes"] == 1 and stats["skip_reasons"] == {"bad_caption": 1}
+    from unirl_core.io.tars import iter_samples
+
+    ((key, members),) = list(iter_samples(str(tmp_path / "out" / "raw" / "00000.tar")))
+    assert members["txt"] == b"first"
+    assert json.loads(members["json"])["captions"] == {"0": "first", "1": "second"}
