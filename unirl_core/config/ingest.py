@@ -39,6 +39,10 @@ class DownloadParquetConfig(StrictModel):
     parquet_subpartitions: Annotated[Count, Field(ge=1)] | None = None
     """NeMo's split: cut each file into this many units instead (each still at most 10,000 rows)."""
 
+    copy_inputs: bool = False
+    """Copy the inputs into `<dataset_output_root>/inputs/` first (streamed, atomic) and read them from there: the
+    dataset keeps its own copy of what it was built from (NeMo downloads the parquet files into the root)."""
+
     @field_validator("parquet_pattern", mode="before")
     @classmethod
     def _one_or_many(cls, value: Any) -> Any:

@@ -117,7 +117,7 @@ def _check_columns(path: str, schema: pa.Schema, config: IngestConfig) -> None:
     wanted = {
         "url_col": (images.url_col, _is_text),
         "image_bytes_col": (images.image_bytes_col, _is_bytes),
-        "caption_col": (images.caption_col, _is_text),
+        "caption_col": (images.caption_col, lambda t: _is_text(t) or _is_bytes(t)),
         "captions_json_col": (images.captions_json_col, _is_text),
     }
     wanted.update({f"save_additional_columns[{c}]": (c, lambda t: True) for c in images.save_additional_columns})
@@ -157,6 +157,8 @@ def split_rows(rows: int, config: IngestConfig) -> list[tuple[int, int]]:
 def plan_units(config: IngestConfig, previous: list[WorkUnit]) -> list[WorkUnit]:
     """Units for every input: the previous plan's units unchanged, new files' units appended."""
     files = list_inputs(config.download_parquet.parquet_pattern)
+    if config.download_parquet.copy_inputs:
+        files = copy_inputs(files, config.dataset_output_root)
     by_file: dict[str, list[WorkUnit]] = {}
     for unit in previous:
         by_file.setdefault(unit.file, []).append(unit)
@@ -176,6 +178,21 @@ def plan_units(config: IngestConfig, previous: list[WorkUnit]) -> list[WorkUnit]
     if len(units) > 99_999:
         raise IngestInputError(f"{len(units)} work units exceed the 5-digit shard ids; raise rows_per_unit")
     return units
+
+
+def copy_inputs(files: list[str], root: str) -> list[str]:
+    """Copies of the inputs under `<root>/inputs/`; an existing copy of the same size is reused."""
+    targets = {}
+    for source in files:
+        target = f"{root.rstrip('/')}/inputs/{storage.basename(source)}"
+        if target in targets.values():
+            raise IngestInputError(f"two inputs are named {storage.basename(source)}; copy_inputs needs unique names")
+        targets[source] = target
+    for source, target in targets.items():
+        source_fs, source_path = fsspec.core.url_to_fs(source)
+        if not storage.exists(target) or storage.size(target) != source_fs.size(source_path):
+            storage.copy_atomic(source, target)
+    return sorted(targets.values())
 
 
 def read_plan(root: str) -> list[WorkUnit]:

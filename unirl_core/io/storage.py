@@ -55,6 +55,11 @@ def exists(path: str) -> bool:
     return fs.exists(fs_path)
 
 
+def size(path: str) -> int:
+    fs, fs_path = fsspec.core.url_to_fs(str(path))
+    return fs.size(fs_path)
+
+
 def write_bytes_atomic(path: str, data: bytes) -> None:
     """Write `data` so that `path` holds either nothing (or its old content) or all of `data`."""
     if is_url(path):
@@ -73,3 +78,28 @@ def write_bytes_atomic(path: str, data: bytes) -> None:
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
+
+
+def copy_atomic(source: str, target: str, chunk: int = 8 << 20) -> None:
+    """Stream `source` to `target` (any fsspec URLs) through a local temporary file: memory stays flat, and
+    `target` appears only complete."""
+    fd, tmp = tempfile.mkstemp(prefix=".copy.", suffix=".tmp", dir=None if is_url(target) else _ensure_parent(target))
+    try:
+        with fsspec.open(str(source), "rb") as src, os.fdopen(fd, "wb") as dst:
+            for block in iter(lambda: src.read(chunk), b""):
+                dst.write(block)
+            dst.flush()
+            os.fsync(dst.fileno())
+        if is_url(target):
+            fs, path = fsspec.core.url_to_fs(target)
+            fs.put_file(tmp, path)
+        else:
+            os.replace(tmp, target)
+    finally:
+        Path(tmp).unlink(missing_ok=True)
+
+
+def _ensure_parent(path: str) -> Path:
+    folder = Path(path).parent
+    folder.mkdir(parents=True, exist_ok=True)
+    return folder

@@ -92,3 +92,17 @@ def test_bagel_captions_json_and_hf_image_struct(tmp_path):
     ((key, members),) = list(iter_samples(str(tmp_path / "out" / "raw" / "00000.tar")))
     assert members["txt"] == b"first"
     assert json.loads(members["json"])["captions"] == {"0": "first", "1": "second"}
+
+
+def test_copy_inputs_and_binary_captions(tmp_path):
+    image = cases.jpeg(64, 48, seed=9)
+    table = pa.table({"img": [image, image, image], "caption": pa.array([b"ok", b"\xff\xfe bad", None], pa.binary())})
+    pq.write_table(table, tmp_path / "src.parquet")
+    c = config(tmp_path, str(tmp_path / "src.parquet"), url_col=None, image_bytes_col="img", error_budget=1.0)
+    c.download_parquet.copy_inputs = True
+    (unit,) = plan_units(c, [])
+    copy = tmp_path / "out" / "inputs" / "src.parquet"
+    assert unit.file == str(copy) and copy.read_bytes() == (tmp_path / "src.parquet").read_bytes()
+    stats = download_unit(c.dataset_output_root, unit, c)
+    assert stats["successes"] == 2 and stats["skip_reasons"] == {"bad_caption": 1}  # null caption stored empty
+    assert plan_units(c, [unit]) == [unit]  # the copy is reused, the plan unchanged
