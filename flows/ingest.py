@@ -35,24 +35,23 @@ def ingest(config: IngestConfig) -> dict:
 def download_images(config: IngestConfig, units: list) -> list[dict]:
     """One task per work unit, at most `download_num_processes` running; a progress artifact follows them."""
     report("total_rows", sum(u.stop - u.start for u in units))
-    progress = create_progress_artifact(progress=0.0, description="ingest: work units committed")
+    progress = create_progress_artifact(progress=0.0, key="ingest-progress", description="ingest: work units committed")
     limit, futures, running = config.download_images.download_num_processes, [], []
+
+    def wait_for_one() -> None:
+        running.remove(next(as_completed(running)))
+        finished = len(futures) - len(running)
+        update_progress_artifact(progress, progress=100.0 * finished / len(units))
+
     for unit in units:
         if len(running) >= limit:
-            running.remove(_next_done(running, progress, futures))
+            wait_for_one()
         future = ingest_tasks.download_unit.submit(config, unit)
         futures.append(future)
         running.append(future)
     while running:
-        running.remove(_next_done(running, progress, futures))
+        wait_for_one()
     return [future.result() for future in futures]
-
-
-def _next_done(running: list, progress, futures: list):
-    done = next(as_completed(running))
-    finished = len(futures) - len(running) + 1
-    update_progress_artifact(progress, progress=100.0 * finished / len(futures))
-    return done
 
 
 def _publish(summary: dict) -> None:

@@ -286,7 +286,7 @@ def test_ingest_flow_publishes_artifacts_and_an_event(prefect_harness, image_ser
     summary = ingest(config)
     assert summary["ok"] == 9 and summary["shards"] == 1 and summary["samples_in_shards"] == 8
     with get_client(sync_client=True) as client:
-        keys = {a.key for a in client.read_latest_artifacts()}
+        artifacts = {a.key: a for a in client.read_latest_artifacts()}
         event_filter = EventFilter(
             event=EventNameFilter(name=["unirl.dataset.updated"]),
             occurred=EventOccurredFilter(since=started, until=started + timedelta(minutes=10)),
@@ -294,6 +294,6 @@ def test_ingest_flow_publishes_artifacts_and_an_event(prefect_harness, image_ser
         deadline = time.monotonic() + 30
         while not (events := client.read_events(filter=event_filter, limit=50).events) and time.monotonic() < deadline:
             time.sleep(0.5)  # events reach the API asynchronously
-    assert "ingest-summary" in keys
+    assert "ingest-summary" in artifacts and artifacts["ingest-progress"].data == 100.0
     payloads = [e.payload for e in events if e.payload.get("dataset") == config.dataset_output_root]
     assert payloads and payloads[0]["ok"] == 9 and payloads[0]["samples_in_shards"] == 8
