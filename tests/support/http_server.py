@@ -18,6 +18,7 @@ class Route:
     delay_s: float = 0.0  # before the response
     endless: bool = False  # stream zeros forever, no Content-Length
     fail_first: int = 0  # answer 503 this many times first
+    trickle_s: float = 0.0  # send the body one byte at a time, this many seconds apart
     headers: dict = field(default_factory=dict)
 
 
@@ -42,14 +43,16 @@ class ImageServer:
                     time.sleep(route.delay_s)
                 if server.hits[self.path] <= route.fail_first:
                     return self._send(503, b"slow down", "text/plain")
-                if route.location is not None:
+                if route.location is not None and not route.endless:
                     self.send_response(route.status)
                     self.send_header("Location", route.location.replace("{base}", server.base))
                     self.send_header("Content-Length", "0")
                     self.end_headers()
                     return None
-                if route.endless:
-                    self.send_response(200)
+                if route.endless:  # an endless body, on a 200 or on a redirect
+                    self.send_response(route.status)
+                    if route.location is not None:
+                        self.send_header("Location", route.location.replace("{base}", server.base))
                     self.send_header("Content-Type", route.content_type)
                     self.send_header("Connection", "close")
                     self.end_headers()
@@ -58,6 +61,18 @@ class ImageServer:
                             self.wfile.write(b"\0" * 65536)
                     except OSError:
                         return None
+                if route.trickle_s:
+                    self.send_response(200)
+                    self.send_header("Content-Length", str(len(route.body)))
+                    self.end_headers()
+                    try:
+                        for byte in route.body:
+                            self.wfile.write(bytes([byte]))
+                            self.wfile.flush()
+                            time.sleep(route.trickle_s)
+                    except OSError:
+                        return None
+                    return None
                 return self._send(route.status, route.body, route.content_type, route.headers)
 
             def _send(self, status, body, content_type, headers=None):

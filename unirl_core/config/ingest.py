@@ -21,6 +21,11 @@ from pydantic import Field, field_validator
 from unirl_core.config.schema_base import Count, Problem, StrictModel
 
 MAX_ROWS_PER_UNIT = 10_000  # keys are 5 digits of unit + 4 digits of row, as img2dataset's
+# Fields every row record and sample JSON carries; input columns cannot be saved under these names.
+RESERVED_ROW_FIELDS = (
+    "key", "url", "source_file", "source_row", "caption", "captions", "status", "skip_reason", "error_message",
+    "width", "height", "original_width", "original_height", "sha256",
+)  # fmt: skip
 
 
 class DownloadParquetConfig(StrictModel):
@@ -105,6 +110,10 @@ class DownloadImagesConfig(StrictModel):
     allow_local_files: bool = False
     """Accept `file://` URLs and plain paths in the URL column (tests, local mirrors). Off: `blocked_scheme`."""
 
+    allowed_url_schemes: list[Literal["http", "https", "s3"]] = ["http", "https", "s3"]
+    """URL schemes fetched. `s3` rows are read with this run's own credentials: drop it when URLs come from
+    untrusted sources and the role can read objects that must not end up in a dataset."""
+
     allowed_private_networks: list[str] = []
     """Networks (CIDR) exempt from the address guard, for tests and private mirrors (`["10.0.0.0/8"]`). Any other
     loopback, private, link-local or reserved address is `blocked_address`, checked before connecting and again on
@@ -164,6 +173,13 @@ class DownloadImagesConfig(StrictModel):
     instead of shipping an empty dataset."""
 
     def problems(self):
+        reserved = sorted(set(self.save_additional_columns) & set(RESERVED_ROW_FIELDS))
+        if reserved:
+            yield (
+                "save_additional_columns",
+                reserved,
+                f"columns named like unirl's own row fields {list(RESERVED_ROW_FIELDS)} cannot be saved; rename them in the input",
+            )
         if not (self.url_col or self.image_bytes_col):
             yield "url_col", self.url_col, "set url_col or image_bytes_col: images must come from somewhere"
         if self.caption_col and self.captions_json_col:

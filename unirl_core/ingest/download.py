@@ -27,7 +27,7 @@ import pyarrow.parquet as pq
 from unirl_core.config.ingest import DownloadImagesConfig, IngestConfig
 from unirl_core.ingest.fetch import Fetcher, FetchError, FetchPolicy
 from unirl_core.ingest.images import ImageOptions, SkipSample, process_image
-from unirl_core.ingest.plan import WorkUnit, input_schema, open_batches
+from unirl_core.ingest.plan import IngestInputError, WorkUnit, input_schema, iter_rows
 from unirl_core.io import storage
 from unirl_core.io.tars import TarShardWriter
 
@@ -75,7 +75,7 @@ def committed_stats(root: str, unit: WorkUnit, config: IngestConfig) -> dict | N
     stats = json.loads(storage.read_text(path))
     expected = {"file": unit.file, "start": unit.start, "stop": unit.stop}
     if stats.get("unit") != expected or stats.get("settings") != output_fingerprint(config.download_images):
-        raise ValueError(
+        raise IngestInputError(
             f"{path} was committed for {stats.get('unit')} with settings {stats.get('settings')}, but this run plans "
             f"{expected} with settings {output_fingerprint(config.download_images)}; use a new dataset_output_root "
             "or delete the raw/ folder to rebuild"
@@ -113,11 +113,12 @@ def download_unit(root: str, unit: WorkUnit, config: IngestConfig, on_row: Calla
 
 
 def _remove_leftovers(tar_path: str) -> None:
-    """Temporary files of this unit left by a killed run (a crash never leaves a final name behind)."""
+    """Temporary files of this unit (tar, parquet, stats) left by a killed run; a crash never leaves a final
+    name behind."""
     if storage.is_url(tar_path):
         return  # object stores hold no temporaries: uploads are single objects
-    folder = Path(tar_path).parent
-    for leftover in folder.glob(f".{Path(tar_path).name}.*.tmp"):
+    folder, unit = Path(tar_path).parent, Path(tar_path).stem
+    for leftover in folder.glob(f".{unit}[._]*.tmp"):
         leftover.unlink(missing_ok=True)
 
 
@@ -135,17 +136,8 @@ def ordered_map(pool: ThreadPoolExecutor, fn: Callable, items: Iterable, window:
 def _iter_rows(unit: WorkUnit, stage: DownloadImagesConfig) -> Iterator[tuple[int, dict]]:
     columns = [c for c in (stage.url_col, stage.image_bytes_col, stage.caption_col, stage.captions_json_col) if c]
     columns += [c for c in stage.save_additional_columns if c not in columns]
-    position = 0
-    for batch in open_batches(unit.file, columns):
-        if position + batch.num_rows <= unit.start:
-            position += batch.num_rows
-            continue
-        for row in batch.to_pylist():
-            if unit.start <= position < unit.stop:
-                yield position, row
-            position += 1
-            if position >= unit.stop:
-                return
+    text = tuple(c for c in (stage.url_col, stage.caption_col, stage.captions_json_col) if c)
+    yield from iter_rows(unit.file, columns, unit.start, unit.stop, text_columns=text)
 
 
 class _RowWorker:
@@ -164,6 +156,7 @@ class _RowWorker:
                 max_bytes=stage.max_bytes,
                 allow_local_files=stage.allow_local_files,
                 allowed_private_networks=tuple(stage.allowed_private_networks),
+                allowed_schemes=tuple(stage.allowed_url_schemes),
             ),
             pool_size=stage.download_num_threads,
         )
@@ -191,10 +184,9 @@ class _RowWorker:
             row["caption"] = caption
             image = process_image(self._image_bytes(raw, url), self.options)
         except (SkipSample, FetchError) as exc:
-            status = "failed_to_download" if exc.reason in DOWNLOAD_REASONS else "failed_to_resize"
-            row.update(status=status, skip_reason=exc.reason, error_message=str(exc)[:500])
-            row.setdefault("caption", None)
-            return RowResult(_with_image_fields(row), None)
+            return self._skipped(row, exc.reason, str(exc))
+        except Exception as exc:  # a row must never fail its unit: record it, count it, go on
+            return self._skipped(row, "processing_error", f"{type(exc).__name__}: {exc}")
         row.update(status="success", skip_reason=None, error_message=None)
         row.update(
             width=image.width,
@@ -212,6 +204,13 @@ class _RowWorker:
             "json": json.dumps(meta, sort_keys=True, ensure_ascii=False).encode("utf-8"),
         }
         return RowResult(row, members)
+
+    @staticmethod
+    def _skipped(row: dict, reason: str, message: str) -> RowResult:
+        status = "failed_to_download" if reason in DOWNLOAD_REASONS else "failed_to_resize"
+        row.update(status=status, skip_reason=reason, error_message=message[:500])
+        row.setdefault("caption", None)
+        return RowResult(_with_image_fields(row), None)
 
     def _image_bytes(self, raw: dict, url: str | None) -> bytes:
         data = raw.get(self.stage.image_bytes_col) if self.stage.image_bytes_col else None
@@ -242,7 +241,13 @@ class _RowWorker:
                 caption = caption.decode("utf-8")
             except UnicodeDecodeError:
                 raise SkipSample("bad_caption", "caption is not valid UTF-8") from None
-        if len(caption.encode("utf-8", "surrogatepass")) > self.stage.max_caption_bytes:
+        if not isinstance(caption, str):
+            raise SkipSample("bad_caption", f"caption is a {type(caption).__name__}, not text")
+        try:
+            size = len(caption.encode("utf-8"))
+        except UnicodeEncodeError:
+            raise SkipSample("bad_caption", "caption holds a lone surrogate, not valid Unicode text") from None
+        if size > self.stage.max_caption_bytes:
             raise SkipSample("bad_caption", f"caption longer than max_caption_bytes {self.stage.max_caption_bytes}")
         if self.stage.skip_empty_captions and not caption.strip():
             raise SkipSample("empty_caption", "caption is empty")

@@ -54,16 +54,39 @@ class FetchPolicy:
     max_bytes: int = 32 * 1024 * 1024
     allow_local_files: bool = False
     allowed_private_networks: tuple[str, ...] = ()  # CIDRs exempt from the address check, e.g. ("127.0.0.0/8",)
+    allowed_schemes: tuple[str, ...] = ("http", "https", "s3")
     user_agent: str = "unirl-ingest/0.1 (+https://github.com/unirl)"
 
 
+NAT64 = ipaddress.ip_network("64:ff9b::/96")
+IPV4_COMPATIBLE = ipaddress.ip_network("::/96")  # deprecated ::a.b.c.d
+# site-local, Teredo, discard-only, local-use NAT64: never a public image host
+NOT_ROUTED_IPV6 = [ipaddress.ip_network(n) for n in ("fec0::/10", "2001::/32", "100::/64", "64:ff9b:1::/48")]
+
+
+def _embedded_ipv4(address: ipaddress.IPv6Address) -> ipaddress.IPv4Address | None:
+    """The IPv4 address an IPv6 form carries: mapped, NAT64, 6to4, or IPv4-compatible (::a.b.c.d)."""
+    if address.ipv4_mapped:
+        return address.ipv4_mapped
+    if address.sixtofour:
+        return address.sixtofour
+    if address in NAT64 or (address in IPV4_COMPATIBLE and int(address) > 1):  # not :: or ::1
+        return ipaddress.IPv4Address(int(address) & 0xFFFFFFFF)
+    return None
+
+
 def address_allowed(host: str, allowed_networks: tuple) -> bool:
-    """True for public unicast addresses and for addresses inside an explicitly allowed network."""
+    """True for public unicast addresses and for addresses inside an explicitly allowed network. IPv6 forms that
+    embed an IPv4 address are judged by that address; Teredo, site-local and other unrouted IPv6 are refused."""
     address = ipaddress.ip_address(host.split("%")[0])
-    if isinstance(address, ipaddress.IPv6Address) and address.ipv4_mapped:
-        address = address.ipv4_mapped
     if any(address in network for network in allowed_networks if network.version == address.version):
         return True
+    if isinstance(address, ipaddress.IPv6Address):
+        embedded = _embedded_ipv4(address)
+        if embedded is not None:
+            return address_allowed(str(embedded), allowed_networks)
+        if any(address in network for network in NOT_ROUTED_IPV6):
+            return False
     return address.is_global and not address.is_multicast
 
 
@@ -120,7 +143,12 @@ class Fetcher:
         raise AssertionError("unreachable")
 
     def _fetch_once(self, url: str) -> bytes:
-        scheme = urlsplit(url).scheme.lower()
+        try:
+            scheme = urlsplit(url).scheme.lower()
+        except ValueError as exc:
+            raise FetchError("failed_to_download", f"bad URL {url[:200]!r}: {exc}") from None
+        if scheme not in self.policy.allowed_schemes and scheme in ("http", "https", "s3"):
+            raise FetchError("blocked_scheme", f"scheme {scheme!r} is not in allowed_url_schemes: {url[:200]}")
         if scheme in ("http", "https"):
             return self._fetch_http(url)
         if scheme == "s3":
@@ -136,8 +164,7 @@ class Fetcher:
             if response.status not in REDIRECT_STATUSES:
                 return self._read_body(url, response, deadline)
             location = response.headers.get("Location")
-            response.drain_conn()  # an unread redirect body would poison the pooled connection
-            response.release_conn()
+            response.close()  # never read a redirect body (it may be endless); the connection is not reused
             if not location:
                 raise FetchError("failed_to_download", f"redirect {response.status} without Location: {url}")
             url = urljoin(url, location)
@@ -152,7 +179,7 @@ class Fetcher:
             )
         except BlockedAddressError as exc:
             raise FetchError("blocked_address", str(exc)) from None
-        except urllib3.exceptions.LocationParseError as exc:
+        except (urllib3.exceptions.LocationParseError, ValueError) as exc:  # UnicodeError (IDNA) is a ValueError
             raise FetchError("failed_to_download", f"bad URL: {exc}") from None
         except (urllib3.exceptions.HTTPError, OSError) as exc:
             permanent = isinstance(exc, urllib3.exceptions.NameResolutionError | urllib3.exceptions.SSLError)
@@ -167,7 +194,7 @@ class Fetcher:
             if declared and declared.isdigit() and int(declared) > self.policy.max_bytes:
                 raise FetchError("too_large", f"Content-Length {declared} > max_bytes {self.policy.max_bytes}")
             body = bytearray()
-            for chunk in response.stream(CHUNK, decode_content=True):
+            while chunk := response.read1(CHUNK):  # what has arrived, not a full CHUNK: trickles meet the deadline
                 body += chunk
                 if len(body) > self.policy.max_bytes:
                     raise FetchError("too_large", f"body exceeds max_bytes {self.policy.max_bytes}")
@@ -189,7 +216,9 @@ class Fetcher:
                 body = f.read(self.policy.max_bytes + 1)
         except FileNotFoundError:
             raise FetchError("failed_to_download", f"no such object: {url}") from None
-        except (OSError, ValueError) as exc:
+        except ValueError as exc:  # a malformed URL such as s3:///key
+            raise FetchError("failed_to_download", f"bad URL {url[:200]!r}: {exc}") from None
+        except OSError as exc:
             raise FetchError("failed_to_download", f"{type(exc).__name__}: {exc}", transient=True) from None
         if len(body) > self.policy.max_bytes:
             raise FetchError("too_large", f"object exceeds max_bytes {self.policy.max_bytes}")

@@ -54,8 +54,23 @@ class StoredImage:
     reencoded: bool
 
 
+# Raster formats a dataset image may come in. Anything else (EPS, which Pillow renders with Ghostscript, PDF, ...)
+# is refused before a decoder runs.
+INPUT_FORMATS = ("JPEG", "MPO", "PNG", "WEBP", "GIF", "BMP", "TIFF", "AVIF")
+
+
 def process_image(data: bytes, options: ImageOptions) -> StoredImage:
-    """The image to store for `data`, or SkipSample with the reason."""
+    """The image to store for `data`, or SkipSample with the reason. Bytes are untrusted: whatever a decoder
+    raises on them is a `decode_error` for this row, never a failure of the whole unit."""
+    try:
+        return _process(data, options)
+    except SkipSample:
+        raise
+    except Exception as exc:  # malformed input reaches Pillow's decoders as many exception types
+        raise SkipSample("decode_error", f"{type(exc).__name__}: {exc}") from None
+
+
+def _process(data: bytes, options: ImageOptions) -> StoredImage:
     image = _open(data, options.max_pixels)
     orientation = image.getexif().get(ORIENTATION_TAG, 1) if image.format in ("JPEG", "WEBP", "PNG", "TIFF") else 1
     width, height = image.size
@@ -75,7 +90,10 @@ def process_image(data: bytes, options: ImageOptions) -> StoredImage:
         raise SkipSample("decode_error", f"{type(exc).__name__}: {exc}") from None
     image = to_rgb(ImageOps.exif_transpose(image) if orientation != 1 else image)
     image = _resize(image, target, options)
-    stored = _encode(image, options)
+    try:
+        stored = _encode(image, options)
+    except (OSError, ValueError) as exc:  # e.g. WebP's 16383-pixel limit
+        raise SkipSample("encode_error", f"cannot encode as {options.encode_format}: {exc}") from None
     return StoredImage(stored, *image.size, width, height, hashlib.sha256(stored).hexdigest(), reencoded=True)
 
 
@@ -85,7 +103,7 @@ def _open(data: bytes, max_pixels: int) -> Image.Image:
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", Image.DecompressionBombWarning)
-            image = Image.open(io.BytesIO(data))
+            image = Image.open(io.BytesIO(data), formats=[f for f in INPUT_FORMATS if f in Image.OPEN])
     except Image.DecompressionBombError as exc:
         raise SkipSample("too_many_pixels", str(exc)) from None
     except (OSError, SyntaxError, ValueError) as exc:  # UnidentifiedImageError is an OSError

@@ -8,9 +8,11 @@ after the last one, so their keys sort after every committed sample and existing
 
 from __future__ import annotations
 
+import hashlib
 import json
+import logging
 from collections.abc import Iterator
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 
 import fsspec
 import pyarrow as pa
@@ -20,6 +22,8 @@ import pyarrow.parquet as pq
 
 from unirl_core.config.ingest import MAX_ROWS_PER_UNIT, IngestConfig
 from unirl_core.io import storage
+
+logger = logging.getLogger(__name__)
 
 PLAN_FILE = "units.json"
 FORMATS = {".parquet": "parquet", ".pq": "parquet", ".jsonl": "jsonl", ".ndjson": "jsonl", ".csv": "csv"}
@@ -62,19 +66,60 @@ def list_inputs(patterns: list[str]) -> list[str]:
     return sorted(found)
 
 
-def open_batches(path: str, columns: list[str] | None, batch_size: int = 256) -> Iterator[pa.RecordBatch]:
-    """Stream record batches of `columns` from a parquet, jsonl or csv file (never the whole file in memory)."""
+def open_batches(
+    path: str, columns: list[str] | None, batch_size: int = 256, text_columns: tuple[str, ...] = ()
+) -> Iterator[pa.RecordBatch]:
+    """Stream record batches of `columns` from a parquet, jsonl or csv file (never the whole file in memory).
+    `text_columns` are read as strings from csv/jsonl (a caption column of digits is still text)."""
     fmt = input_format(path)
     with fsspec.open(path, "rb") as f:
         if fmt == "parquet":
             yield from pq.ParquetFile(f).iter_batches(batch_size=batch_size, columns=columns)
         elif fmt == "jsonl":
-            reader = pa_json.open_json(f, read_options=pa_json.ReadOptions(block_size=1 << 20))
+            schema = pa.schema([(c, pa.string()) for c in text_columns])
+            parse = pa_json.ParseOptions(explicit_schema=schema, unexpected_field_behavior="infer")
+            reader = pa_json.open_json(f, read_options=pa_json.ReadOptions(block_size=1 << 20), parse_options=parse)
             for batch in reader:
                 yield batch if columns is None else batch.select(columns)
         else:
-            convert = pa_csv.ConvertOptions(include_columns=columns)
+            convert = pa_csv.ConvertOptions(
+                include_columns=columns, column_types=dict.fromkeys(text_columns, pa.string())
+            )
             yield from pa_csv.open_csv(f, convert_options=convert)
+
+
+def iter_rows(
+    path: str, columns: list[str], start: int, stop: int, text_columns: tuple[str, ...] = ()
+) -> Iterator[tuple[int, dict]]:
+    """(row number, row) for rows [start, stop). Parquet seeks to the first row group holding `start`, so a unit
+    reads only its own row groups; csv/jsonl stream from the top."""
+    if input_format(path) == "parquet":
+        with fsspec.open(path, "rb") as f:
+            parquet = pq.ParquetFile(f)
+            groups, position, first = [], 0, None
+            for i in range(parquet.metadata.num_row_groups):
+                rows = parquet.metadata.row_group(i).num_rows
+                if position + rows > start and position < stop:
+                    groups.append(i)
+                    first = position if first is None else first
+                position += rows
+            batches = parquet.iter_batches(batch_size=256, columns=columns, row_groups=groups) if groups else []
+            yield from _rows_in_range(batches, first or 0, start, stop)
+    else:
+        yield from _rows_in_range(open_batches(path, columns, text_columns=text_columns), 0, start, stop)
+
+
+def _rows_in_range(batches, position: int, start: int, stop: int) -> Iterator[tuple[int, dict]]:
+    for batch in batches:
+        if position + batch.num_rows <= start:
+            position += batch.num_rows
+            continue
+        for row in batch.to_pylist():
+            if position >= start:
+                yield position, row
+            position += 1
+            if position >= stop:
+                return
 
 
 def input_schema(path: str) -> pa.Schema:
@@ -94,7 +139,7 @@ def inspect_input(path: str, config: IngestConfig) -> int:
                 parquet = pq.ParquetFile(f)
                 schema, rows = parquet.schema_arrow, parquet.metadata.num_rows
         else:
-            schema, rows = _scan_text_input(path, fmt)
+            schema, rows = _scan_text_input(path, text_columns(config))
     except FileNotFoundError:
         raise IngestInputError(f"{path}: no such input file") from None
     except (pa.ArrowInvalid, pa.ArrowTypeError, OSError) as exc:
@@ -105,11 +150,18 @@ def inspect_input(path: str, config: IngestConfig) -> int:
     return rows
 
 
-def _scan_text_input(path: str, fmt: str) -> tuple[pa.Schema, int]:
-    with fsspec.open(path, "rb") as f:
-        reader = pa_json.open_json(f) if fmt == "jsonl" else pa_csv.open_csv(f)
-        rows = sum(batch.num_rows for batch in reader)
-        return reader.schema, rows
+def _scan_text_input(path: str, text: tuple[str, ...]) -> tuple[pa.Schema, int]:
+    schema, rows = None, 0
+    for batch in open_batches(path, None, batch_size=4096, text_columns=text):
+        schema, rows = schema or batch.schema, rows + batch.num_rows
+    if schema is None:
+        raise pa.ArrowInvalid("empty file")
+    return schema, rows
+
+
+def text_columns(config: IngestConfig) -> tuple[str, ...]:
+    images = config.download_images
+    return tuple(c for c in (images.url_col, images.caption_col, images.captions_json_col) if c)
 
 
 def _check_columns(path: str, schema: pa.Schema, config: IngestConfig) -> None:
@@ -154,30 +206,53 @@ def split_rows(rows: int, config: IngestConfig) -> list[tuple[int, int]]:
     return [(a, b) for a, b in zip(bounds, bounds[1:], strict=False) if b > a]
 
 
-def plan_units(config: IngestConfig, previous: list[WorkUnit]) -> list[WorkUnit]:
-    """Units for every input: the previous plan's units unchanged, new files' units appended."""
+@dataclass
+class Plan:
+    units: list[WorkUnit] = field(default_factory=list)
+    files: dict[str, dict] = field(default_factory=dict)  # input -> {"rows", "size", "sample_sha256"}
+
+
+def file_identity(path: str, rows: int) -> dict:
+    """Rows, size and a hash of the first and last 64 KiB (parquet's footer): enough to notice a changed input
+    without reading it all."""
+    fs, fs_path = fsspec.core.url_to_fs(path)
+    size = fs.size(fs_path)
+    with fs.open(fs_path, "rb") as f:
+        head = f.read(65536)
+        f.seek(max(0, size - 65536))
+        tail = f.read(65536)
+    return {"rows": rows, "size": size, "sample_sha256": hashlib.sha256(head + tail).hexdigest()}
+
+
+def plan_units(config: IngestConfig, previous: Plan) -> Plan:
+    """The previous plan's units unchanged, new files' units appended. A planned input that changed, or a new
+    input identical to a planned one (a copy, a rename), is an error: the dataset would mix or double rows."""
     files = list_inputs(config.download_parquet.parquet_pattern)
     if config.download_parquet.copy_inputs:
         files = copy_inputs(files, config.dataset_output_root)
-    by_file: dict[str, list[WorkUnit]] = {}
-    for unit in previous:
-        by_file.setdefault(unit.file, []).append(unit)
-    units = list(previous)
+    plan = Plan(list(previous.units), dict(previous.files))
+    known = {json.dumps(identity, sort_keys=True): path for path, identity in previous.files.items()}
     for path in files:
-        rows = inspect_input(path, config)
-        if path in by_file:
-            planned = max(u.stop for u in by_file[path])
-            if planned != rows:
+        identity = file_identity(path, inspect_input(path, config))
+        if path in previous.files:
+            if previous.files[path] != identity:
                 raise IngestInputError(
-                    f"{path}: has {rows} rows but was planned with {planned}; an ingested input must not change "
-                    "(write new data to a new file, or use a new dataset_output_root)"
+                    f"{path} changed since it was ingested ({previous.files[path]} then, {identity} now); an ingested "
+                    "input must not change: write new data to a new file, or use a new dataset_output_root"
                 )
             continue
-        for start, stop in split_rows(rows, config):
-            units.append(WorkUnit(len(units), path, start, stop))
-    if len(units) > 99_999:
-        raise IngestInputError(f"{len(units)} work units exceed the 5-digit shard ids; raise rows_per_unit")
-    return units
+        twin = known.get(json.dumps(identity, sort_keys=True))
+        if twin is not None:
+            raise IngestInputError(f"{path} has the same content as {twin}, which is already ingested")
+        plan.files[path] = identity
+        for start, stop in split_rows(identity["rows"], config):
+            plan.units.append(WorkUnit(len(plan.units), path, start, stop))
+    missing = sorted(set(previous.files) - set(files))
+    if missing:
+        logger.warning("inputs no longer matched by parquet_pattern keep their committed units: %s", missing)
+    if len(plan.units) > 99_999:
+        raise IngestInputError(f"{len(plan.units)} work units exceed the 5-digit shard ids; raise rows_per_unit")
+    return plan
 
 
 def copy_inputs(files: list[str], root: str) -> list[str]:
@@ -189,19 +264,20 @@ def copy_inputs(files: list[str], root: str) -> list[str]:
             raise IngestInputError(f"two inputs are named {storage.basename(source)}; copy_inputs needs unique names")
         targets[source] = target
     for source, target in targets.items():
-        source_fs, source_path = fsspec.core.url_to_fs(source)
-        if not storage.exists(target) or storage.size(target) != source_fs.size(source_path):
+        if not storage.exists(target) or file_identity(target, 0) != file_identity(source, 0):
             storage.copy_atomic(source, target)
     return sorted(targets.values())
 
 
-def read_plan(root: str) -> list[WorkUnit]:
+def read_plan(root: str) -> Plan:
     path = f"{root.rstrip('/')}/{PLAN_FILE}"
     if not storage.exists(path):
-        return []
-    return [WorkUnit(**u) for u in json.loads(storage.read_text(path))["units"]]
+        return Plan()
+    stored = json.loads(storage.read_text(path))
+    return Plan([WorkUnit(**u) for u in stored["units"]], stored["files"])
 
 
-def write_plan(root: str, units: list[WorkUnit]) -> None:
-    body = json.dumps({"version": 1, "units": [asdict(u) for u in units]}, indent=1, sort_keys=True)
+def write_plan(root: str, plan: Plan) -> None:
+    stored = {"version": 1, "units": [asdict(u) for u in plan.units], "files": plan.files}
+    body = json.dumps(stored, indent=1, sort_keys=True)
     storage.write_bytes_atomic(f"{root.rstrip('/')}/{PLAN_FILE}", body.encode())

@@ -30,13 +30,13 @@ def stage_download_parquet(config: IngestConfig) -> list[WorkUnit]:
     root = config.dataset_output_root
     previous = read_plan(root)
     if not config.download_parquet.enable:
-        if not previous:
+        if not previous.units:
             raise IngestInputError(f"download_parquet is disabled but {root}/units.json does not exist yet")
-        return previous
-    units = plan_units(config, previous)
-    if units != previous:
-        write_plan(root, units)
-    return units
+        return previous.units
+    plan = plan_units(config, previous)
+    if plan != previous:
+        write_plan(root, plan)
+    return plan.units
 
 
 def committed_units(config: IngestConfig, units: list[WorkUnit]) -> list[dict]:

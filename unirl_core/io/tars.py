@@ -58,7 +58,8 @@ class TarShardWriter:
 
     def write(self, key: str, members: dict[str, bytes]) -> None:
         """Add one sample: `members` maps extension -> bytes. Keys must be unique, dot-free, and ascending."""
-        assert "." not in key.rpartition("/")[2], f"sample key {key!r} contains a dot"
+        if "." in key.rpartition("/")[2]:
+            raise ValueError(f"sample key {key!r} contains a dot: WebDataset would split it into key and extension")
         if self._last_key is not None and key <= self._last_key:
             raise ValueError(f"sample key {key!r} is not after {self._last_key!r}: duplicate or out of order")
         for extension in sorted(members):

@@ -117,3 +117,57 @@ def test_byte_cap_by_header_and_by_stream(image_server):
     start = time.monotonic()
     assert reason_of(capped, endless).reason == "too_large"
     assert time.monotonic() - start < 2
+
+
+def test_total_timeout_holds_against_trickles_and_endless_redirect_bodies(image_server):
+    policy = FetchPolicy(allowed_private_networks=LOOPBACK_ONLY, retries=0, read_timeout_s=1, total_timeout_s=1)
+    quick = Fetcher(policy)
+    trickle = image_server.add("/fetch/trickle", Route(body=b"x" * 100, trickle_s=0.1))
+    start = time.monotonic()
+    assert "total timeout" in str(reason_of(quick, trickle))
+    assert time.monotonic() - start < 2.5
+    image_server.add("/fetch/a.jpg", cases.jpeg())
+    endless_redirect = image_server.add("/fetch/endless-302", Route(status=302, location="/fetch/a.jpg", endless=True))
+    start = time.monotonic()
+    assert quick.fetch(endless_redirect) == cases.jpeg()  # the redirect body is never read
+    assert time.monotonic() - start < 2.5
+
+
+@pytest.mark.parametrize(
+    "url", ["http://a..b/x.jpg", f"http://{'a' * 64}.com/x.jpg", "http://[::1", "http://[zz]/a", "s3:///key"]
+)
+def test_malformed_urls_are_row_skips(fetcher, url):
+    assert reason_of(fetcher, url).reason == "failed_to_download"
+
+
+@pytest.mark.parametrize(
+    "address",
+    [
+        "64:ff9b::a9fe:a9fe",
+        "2002:7f00:1::",
+        "::127.0.0.1",
+        "::ffff:10.0.0.1",
+        "fec0::1",
+        "2001:0:4136:e378::1",
+        "fe80::1",
+    ],
+)
+def test_ipv6_forms_of_private_addresses_are_refused(address):
+    from unirl_core.ingest.fetch import address_allowed
+
+    assert not address_allowed(address, ())
+
+
+def test_public_addresses_pass_and_allowed_networks_are_exempt():
+    import ipaddress
+
+    from unirl_core.ingest.fetch import address_allowed
+
+    assert address_allowed("93.184.216.34", ()) and address_allowed("2606:4700::1111", ())
+    assert address_allowed("64:ff9b::5db8:d822", ())  # NAT64 of a public address
+    assert address_allowed("10.1.2.3", (ipaddress.ip_network("10.0.0.0/8"),))
+
+
+def test_s3_can_be_left_out_of_the_schemes():
+    fetcher = Fetcher(FetchPolicy(allowed_schemes=("http", "https")))
+    assert reason_of(fetcher, "s3://bucket/key.jpg").reason == "blocked_scheme"

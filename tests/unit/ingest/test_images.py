@@ -136,3 +136,21 @@ def test_downscale_filters_give_the_same_size_and_differ_in_pixels(downscale_fil
     assert decoded(stored).size == (85, 64)
     area = process_image(cases.jpeg(400, 300, seed=8), ImageOptions(resize_mode="keep_ratio", image_size=64))
     assert (stored.data == area.data) == (downscale_filter == "area")
+
+
+def test_any_decoder_failure_is_a_row_skip():
+    png = cases.encode(cases.procedural(200, 150), "PNG")
+    with pytest.raises(SkipSample) as info:
+        process_image(png[: len(png) // 2], ImageOptions(resize_mode="no", encode_format="png"))
+    assert info.value.reason == "decode_error"
+    eps = b"%!PS-Adobe-3.0 EPSF-3.0\n%%BoundingBox: 0 0 10 10\nshowpage\n"
+    with pytest.raises(SkipSample) as info:
+        process_image(eps, ImageOptions())
+    assert info.value.reason == "decode_error"
+
+
+def test_encoder_limits_are_a_row_skip():
+    wide = cases.encode(Image.new("RGB", (17_000, 8), (10, 20, 30)), "PNG")
+    with pytest.raises(SkipSample) as info:
+        process_image(wide, ImageOptions(resize_mode="no", encode_format="webp"))
+    assert info.value.reason == "encode_error"

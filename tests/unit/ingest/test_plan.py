@@ -11,7 +11,7 @@ import pytest
 
 from unirl_core.config.ingest import IngestConfig
 from unirl_core.ingest.download import download_unit
-from unirl_core.ingest.plan import IngestInputError, WorkUnit, list_inputs, plan_units, split_rows
+from unirl_core.ingest.plan import IngestInputError, Plan, WorkUnit, list_inputs, plan_units, split_rows
 
 
 def config(tmp_path, pattern, **images) -> IngestConfig:
@@ -54,19 +54,28 @@ def test_jsonl_and_csv_inputs(tmp_path, image_server, fmt):
     else:
         path.write_text("url,caption\n" + "".join(f"{r['url']},{r['caption']}\n" for r in rows))
     c = config(tmp_path, str(path))
-    units = plan_units(c, [])
+    units = plan_units(c, Plan()).units
     assert [(u.start, u.stop) for u in units] == [(0, 4), (4, 6)]
     stats = [download_unit(c.dataset_output_root, u, c) for u in units]
     assert [s["successes"] for s in stats] == [4, 2]
 
 
-def test_a_changed_input_is_refused(tmp_path):
+def test_a_changed_or_duplicated_input_is_refused(tmp_path):
     path = tmp_path / "in.parquet"
-    pq.write_table(pa.table({"url": ["http://x/1.jpg"] * 3, "caption": ["a"] * 3}), path)
+    pq.write_table(pa.table({"url": ["http://x/1.jpg"] * 3, "caption": ["a", "b", "c"]}), path)
     c = config(tmp_path, str(path))
-    planned = plan_units(c, [])
-    pq.write_table(pa.table({"url": ["http://x/1.jpg"] * 5, "caption": ["a"] * 5}), path)
-    with pytest.raises(IngestInputError, match="has 5 rows but was planned with 3"):
+    planned = plan_units(c, Plan())
+    assert plan_units(c, planned) == planned
+    pq.write_table(pa.table({"url": ["http://x/1.jpg"] * 3, "caption": ["x", "y", "z"]}), path)  # same rows, new text
+    with pytest.raises(IngestInputError, match="changed since it was ingested"):
+        plan_units(c, planned)
+    pq.write_table(pa.table({"url": ["http://x/1.jpg"] * 3, "caption": ["a", "b", "c"]}), path)
+    (tmp_path / "copy.parquet").write_bytes(path.read_bytes())
+    c.download_parquet.parquet_pattern = [str(tmp_path / "*.parquet")]
+    with pytest.raises(
+        IngestInputError,
+        match=r"in\.parquet has the same content as .*copy\.parquet|copy\.parquet has the same content",
+    ):
         plan_units(c, planned)
 
 
@@ -83,7 +92,7 @@ def test_bagel_captions_json_and_hf_image_struct(tmp_path):
         tmp_path, str(tmp_path / "t2i.parquet"), url_col=None, caption_col=None, image_bytes_col="image",
         captions_json_col="captions", error_budget=1.0,
     )  # fmt: skip
-    (unit,) = plan_units(c, [])
+    (unit,) = plan_units(c, Plan()).units
     assert unit == WorkUnit(0, str(tmp_path / "t2i.parquet"), 0, 2)
     stats = download_unit(c.dataset_output_root, unit, c)
     assert stats["successes"] == 1 and stats["skip_reasons"] == {"bad_caption": 1}
@@ -100,9 +109,38 @@ def test_copy_inputs_and_binary_captions(tmp_path):
     pq.write_table(table, tmp_path / "src.parquet")
     c = config(tmp_path, str(tmp_path / "src.parquet"), url_col=None, image_bytes_col="img", error_budget=1.0)
     c.download_parquet.copy_inputs = True
-    (unit,) = plan_units(c, [])
+    plan = plan_units(c, Plan())
+    (unit,) = plan.units
     copy = tmp_path / "out" / "inputs" / "src.parquet"
     assert unit.file == str(copy) and copy.read_bytes() == (tmp_path / "src.parquet").read_bytes()
     stats = download_unit(c.dataset_output_root, unit, c)
     assert stats["successes"] == 2 and stats["skip_reasons"] == {"bad_caption": 1}  # null caption stored empty
-    assert plan_units(c, [unit]) == [unit]  # the copy is reused, the plan unchanged
+    assert plan_units(c, plan) == plan  # the copy is reused, the plan unchanged
+
+
+def test_csv_captions_of_digits_are_text_and_rows_seek_row_groups(tmp_path, image_server):
+    url = image_server.add("/plan/digits.jpg", cases.jpeg(64, 48, seed=3))
+    (tmp_path / "d.csv").write_text("url,caption\n" + "".join(f"{url},{1990 + i}\n" for i in range(5)))
+    c = config(tmp_path, str(tmp_path / "d.csv"))
+    units = plan_units(c, Plan()).units
+    stats = [download_unit(c.dataset_output_root, u, c) for u in units]
+    assert sum(s["successes"] for s in stats) == 5
+    from unirl_core.ingest.plan import iter_rows
+
+    pq.write_table(pa.table({"n": list(range(100))}), tmp_path / "rg.parquet", row_group_size=10)
+    assert [p for p, _ in iter_rows(str(tmp_path / "rg.parquet"), ["n"], 35, 52)] == list(range(35, 52))
+    assert [r["n"] for _, r in iter_rows(str(tmp_path / "rg.parquet"), ["n"], 95, 100)] == [95, 96, 97, 98, 99]
+
+
+def test_reserved_additional_columns_are_refused():
+    from unirl_core.config import RecipeError, recipe_from_tree
+
+    with pytest.raises(RecipeError, match=r"save_additional_columns: got \['key', 'status'\]"):
+        recipe_from_tree(
+            {
+                "ingest": {
+                    "download_parquet": {"parquet_pattern": "x"},
+                    "download_images": {"save_additional_columns": ["key", "status", "ok"]},
+                }
+            }
+        )
