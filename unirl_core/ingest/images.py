@@ -57,6 +57,8 @@ class StoredImage:
 # Raster formats a dataset image may come in. Anything else (EPS, which Pillow renders with Ghostscript, PDF, ...)
 # is refused before a decoder runs.
 INPUT_FORMATS = ("JPEG", "MPO", "PNG", "WEBP", "GIF", "BMP", "TIFF", "AVIF")
+Image.init()  # register every plugin now: Image.OPEN fills lazily, and a thread racing that sees no formats
+OPEN_FORMATS = [f for f in INPUT_FORMATS if f in Image.OPEN]
 
 
 def process_image(data: bytes, options: ImageOptions) -> StoredImage:
@@ -103,7 +105,7 @@ def _open(data: bytes, max_pixels: int) -> Image.Image:
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", Image.DecompressionBombWarning)
-            image = Image.open(io.BytesIO(data), formats=[f for f in INPUT_FORMATS if f in Image.OPEN])
+            image = Image.open(io.BytesIO(data), formats=OPEN_FORMATS)
     except Image.DecompressionBombError as exc:
         raise SkipSample("too_many_pixels", str(exc)) from None
     except (OSError, SyntaxError, ValueError) as exc:  # UnidentifiedImageError is an OSError

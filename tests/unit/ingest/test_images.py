@@ -154,3 +154,19 @@ def test_encoder_limits_are_a_row_skip():
     with pytest.raises(SkipSample) as info:
         process_image(wide, ImageOptions(resize_mode="no", encode_format="webp"))
     assert info.value.reason == "encode_error"
+
+
+def test_the_first_image_of_a_fresh_process_decodes(tmp_path):
+    """Regression: Pillow registers its formats lazily; the allow-list must not be computed before that."""
+    import subprocess
+    import sys
+
+    (tmp_path / "a.jpg").write_bytes(cases.jpeg(64, 48))
+    code = (
+        f"data = open({str(tmp_path / 'a.jpg')!r}, 'rb').read();"
+        "from unirl_core.ingest.images import process_image, ImageOptions;"
+        "print(process_image(data, ImageOptions(resize_mode='no')).width)"
+    )
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip() == "64"
