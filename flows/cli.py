@@ -171,6 +171,42 @@ def ingest(
     _print_summary(summary)
 
 
+@app.command()
+def precache(
+    recipe: Annotated[str, typer.Argument(help="Recipe file or packaged recipe name with a `precache` section.")],
+    set_: Annotated[list[str] | None, typer.Option("--set", "-s", help="Override: dotted.key=value.")] = None,
+) -> None:
+    """Run the precache flow (shards -> encoding shards of frozen encoders) with a progress bar; print the summary."""
+    from unirl_core.config import RecipeError, load_recipe
+
+    try:
+        config = load_recipe(recipe, set_ or []).precache
+    except RecipeError as exc:
+        raise _fail(str(exc)) from None
+    if config is None:
+        raise _fail(f"error: recipe {recipe} has no `precache` section")
+    _patient_prefect_startup()
+    from flows.precache import precache as precache_flow
+    from unirl_core.precache.run import PrecacheError
+
+    try:
+        with _rich_progress("precache"):
+            summary = precache_flow(config)
+    except PrecacheError as exc:
+        raise _fail(f"error: {exc}") from None
+    _print_table(f"precache: {summary['output']}", summary)
+
+
+def _print_table(title: str, values: dict) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    table = Table(title=title, show_header=False)
+    for key, value in values.items():
+        table.add_row(key, str(value))
+    Console().print(table)
+
+
 def _rich_progress(label: str):
     """A Rich progress bar fed by the tasks' in-process progress reports (tasks/progress.py)."""
     from contextlib import contextmanager

@@ -182,7 +182,7 @@ def test_duplicate_yaml_keys_are_refused(tmp_path):
         ("train.data.source=os.path", "train.data.source", "is not a class with next_batch()"),
         ("train.data.source=flows.cli.app", "train.data.source", "is not a class with next_batch()"),
         ("train.data.source=nowhere.Source", "train.data.source", "importing it failed"),
-        ("precache.foo=1", "precache.foo", "this section has no settings yet"),
+        ("precache.foo=1", "precache.foo", "unknown key"),
     ],
 )
 def test_values_that_would_fail_later_fail_at_validation(override, path, message):

@@ -102,6 +102,7 @@ def recipe_from_tree(
     for override in overrides:  # first, so an override replaces a value whose variable is unset
         apply_override(tree, override, issues)
     tree = interpolate_env(tree, os.environ if env is None else env, issues)
+    _merge_precache_file(tree, issues)
     if issues:
         raise RecipeError(source, issues)
     try:
@@ -122,6 +123,28 @@ def _fill_workspace_defaults(recipe: Recipe) -> None:
         recipe.train.output_dir = str(workspace().outputs / name)
     if recipe.ingest is not None and recipe.ingest.dataset_output_root is None:
         recipe.ingest.dataset_output_root = str(workspace().data / name)
+    if recipe.precache is not None:
+        if recipe.precache.input_dir is None and recipe.ingest is not None:
+            recipe.precache.input_dir = f"{recipe.ingest.dataset_output_root.rstrip('/')}/shards"
+        if recipe.precache.output_dir is None and recipe.precache.input_dir is not None:
+            recipe.precache.output_dir = f"{recipe.precache.input_dir.rstrip('/').rsplit('/', 1)[0]}/precache"
+
+
+def _merge_precache_file(tree: dict, issues: list[RecipeIssue]) -> None:
+    """`precache.precache_config_path`: a standalone NeMo precache YAML fills the section (its own keys win)."""
+    section = tree.get("precache")
+    path = section.get("precache_config_path") if isinstance(section, dict) else None
+    if not path:
+        return
+    try:
+        loaded = yaml.load(Path(path).expanduser().read_text(encoding="utf-8"), Loader=_UniqueKeyLoader) or {}
+    except (OSError, yaml.YAMLError) as exc:
+        issues.append(RecipeIssue("precache.precache_config_path", path, f"cannot read it: {exc}"))
+        return
+    if not isinstance(loaded, dict):
+        issues.append(RecipeIssue("precache.precache_config_path", path, "a NeMo precache YAML is a mapping"))
+        return
+    tree["precache"] = {**loaded, **section}
 
 
 def dump_resolved(recipe: Recipe) -> str:

@@ -17,12 +17,8 @@ from typing import Annotated, Any
 from pydantic import Field, field_validator
 
 from unirl_core.config.ingest import IngestConfig
+from unirl_core.config.precache import PrecacheConfig
 from unirl_core.config.schema_base import Count, Problem, Seed, StrictModel
-
-
-class PrecacheConfig(StrictModel):
-    """Frozen-encoder precache of shards into embedding shards. Its settings arrive with the precache flow;
-    until then the section must be empty."""
 
 
 class DataConfig(StrictModel):

@@ -102,9 +102,9 @@ def _clear_outputs(folder: str) -> None:
             fs.rm(entry)
 
 
-def generate_wdinfo(root: str, record: dict) -> dict:
-    """Write `shards/wdinfo.pkl` (NeMo) and `shards/index.json` (no pickle) for the complete shards."""
-    folder = shards_folder(root)
+def generate_wdinfo(folder: str, record: dict) -> dict:
+    """Write `<folder>/wdinfo.pkl` (NeMo) and `<folder>/index.json` (no pickle) for the complete shards of
+    `record` ({"chunk_size", "shards": [{name, nsamples, filesize, sha256, md5, complete}], "skipped"})."""
     complete = [s for s in record["shards"] if s["complete"]]
     wdinfo = {
         "tar_files": sorted(s["name"] for s in complete),
@@ -127,7 +127,7 @@ def generate_wdinfo(root: str, record: dict) -> dict:
             for s in complete
         ],
         "incomplete": [s["name"] for s in record["shards"] if not s["complete"]],
-        "skipped_in_reorganize": record["skipped"],
+        "skipped_in_reorganize": record.get("skipped", {}),
     }
     # The one pickle we write: NeMo's loader reads nothing else. Plain dict of str/int, protocol pinned.
     storage.write_bytes_atomic(f"{folder}/wdinfo.pkl", pickle.dumps(wdinfo, protocol=WDINFO_PICKLE_PROTOCOL))

@@ -67,7 +67,7 @@ def stage_generate_wdinfo(config: IngestConfig, record: dict | None = None) -> d
         if not storage.exists(path):
             raise IngestInputError(f"generate_wdinfo needs {path}: run reorganize_tar first")
         record = json.loads(storage.read_text(path))
-    return generate_wdinfo(config.dataset_output_root, record)
+    return generate_wdinfo(shards_folder(config.dataset_output_root), record)
 
 
 def summarize(root: str, units: list[WorkUnit], stats: list[dict], index: dict | None, seconds: float) -> dict:

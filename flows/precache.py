@@ -1,0 +1,33 @@
+"""The precache flow: NeMo's precache_encodings over task slices, then the shard index.
+
+plan tasks -> precache_encodings (one Prefect task per NeMo task id, each holding a `gpu`/`cpu` slot of the
+global concurrency limit) -> generate_wdinfo over the outputs
+"""
+
+from __future__ import annotations
+
+import time
+
+from prefect import flow, unmapped
+from prefect.artifacts import create_table_artifact
+
+from tasks import precache as precache_tasks
+from unirl_core.config.precache import PrecacheConfig
+from unirl_core.precache.stages import summarize
+
+
+@flow(name="precache", log_prints=True)
+def precache(config: PrecacheConfig) -> dict:
+    """WebDataset shards -> encoding shards of frozen encoders (safe formats by default) and an index."""
+    started = time.monotonic()
+    ids, count = precache_tasks.plan_tasks(config)
+    futures = precache_tasks.precache_task.map(unmapped(config), ids, unmapped(count))
+    done = [future.result() for future in futures]
+    index = precache_tasks.write_index(config)
+    summary = summarize(config, done, index, time.monotonic() - started)
+    create_table_artifact(
+        table=[{"metric": k, "value": str(v)} for k, v in summary.items()],
+        key="precache-summary",
+        description=f"precache into {config.output_dir}",
+    )
+    return summary

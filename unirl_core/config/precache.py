@@ -1,0 +1,169 @@
+"""The `precache` recipe section: NeMo's precache YAML as is, plus safe output formats and a configurable transform.
+
+    precache:
+      input_dir: /data/laion-mini/shards        # WebDataset shards (e.g. ingest's shards/)
+      output_dir: /data/laion-mini/precache
+      batch_size_per_GPU: 8                     # NeMo's fields from here on
+      dataloader_num_workers: 2
+      save_original_in_tar: [text]
+      encodings:
+        - {modality: image, extension: jpg, key: autoencoderkl_image, precision: 16,
+           encoder_config: {cls: unirl_core.precache.encoders.AutoencoderKLEncoder, pretrained: /models/sd, subfolder: vae}}
+        - {modality: text, extension: txt, key: clip_text, precision: 32, store_pad_tokens: false,
+           encoder_config: {cls: unirl_core.precache.encoders.CLIPTextEncoder, pretrained: /models/sd,
+                            subfolder: text_encoder, tokenizer_subfolder: tokenizer}}
+
+The NeMo fields can also come from a standalone NeMo YAML named by `precache_config_path`.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Annotated, Any, Literal
+
+from pydantic import Field, field_validator, model_validator
+
+from unirl_core.config.schema_base import Count, StrictModel
+
+
+class EncoderConfig(StrictModel):
+    """NeMo's `encoder_config`: `cls` (dotted class path) plus the keyword arguments it is built with."""
+
+    model_config = {**StrictModel.model_config, "extra": "allow"}  # kwargs of the encoder class
+
+    cls: str
+    """Dotted path of the encoder class; built with the other keys as kwargs, then put in eval mode with gradients
+    off. It must have `encode(x)` or `__call__(x)` returning a tensor, or `(tensor, mask)` for text."""
+
+
+class EncodingSpec(StrictModel):
+    """One encoding stored per sample (NeMo's `encodings` entry). Several encoders per modality are allowed."""
+
+    modality: Literal["image", "text"]
+    """What the encoder reads: `image` (decoded and transformed) or `text` (the caption string)."""
+
+    extension: str
+    """Member extension read from the source tar (`jpg`, `png`, `txt`)."""
+
+    key: str
+    """Name of this encoding in the output (NeMo recommends `{model}-{variant}_{modality}`)."""
+
+    precision: Literal[16, 32] = 32
+    """Stored float precision in bits: 16 (float16) or 32 (float32)."""
+
+    store_pad_tokens: bool = True
+    """Text only: false stores only real tokens (the encoder must return `(encoded, mask)`) and their count."""
+
+    encoder_config: EncoderConfig
+    """The encoder class and its kwargs."""
+
+    @field_validator("key")
+    @classmethod
+    def _key_name(cls, value: str) -> str:
+        if not re.fullmatch(r"[A-Za-z0-9_-]+", value):
+            raise ValueError("use letters, digits, `_` and `-` only (it becomes a member or tensor name)")
+        return value
+
+
+class ImageTransformConfig(StrictModel):
+    """How source images become encoder input: resize, crop, scale to [-1, 1]. Part of the cache's identity."""
+
+    preset: Literal["nemo"] | None = None
+    """`nemo`: NeMo's hard-coded transform (short side 512, center crop 512). Overrides `size` and `mode`."""
+
+    size: Annotated[Count, Field(ge=8)] = 256
+    """Target size in pixels (the short side for `center_crop`, both sides for `resize`)."""
+
+    mode: Literal["center_crop", "resize", "none"] = "center_crop"
+    """`center_crop`: short side to `size`, then a centered square; `resize`: stretch to size x size; `none`."""
+
+    @model_validator(mode="after")
+    def _apply_preset(self):
+        if self.preset == "nemo" and (self.size, self.mode) != (512, "center_crop"):
+            object.__setattr__(self, "size", 512)
+            object.__setattr__(self, "mode", "center_crop")
+        return self
+
+
+class PrecacheConfig(StrictModel):
+    """Frozen-encoder precache of WebDataset shards into encoding shards (NeMo's precache_encodings stage)."""
+
+    input_dir: str | None = None
+    """Folder or URL of the source shards (`*.tar`). Empty: the `shards/` folder of this recipe's ingest output."""
+
+    output_dir: str | None = None
+    """Folder or URL for the encoding shards. Empty: `<input_dir>/../precache`."""
+
+    precache_config_path: str | None = None
+    """A standalone NeMo precache YAML; its keys fill this section (keys set here win)."""
+
+    batch_size_per_GPU: Annotated[Count, Field(ge=1)] = 8
+    """Per rank: samples per encoder call."""
+
+    dataloader_num_workers: Annotated[Count, Field(ge=0)] = 2
+    """Per rank: DataLoader worker processes that read and decode (0: in the main process)."""
+
+    save_original_in_tar: list[Literal["image", "text", "video"]] | None = None
+    """Source members copied next to the encodings (the members of the encodings' own extensions)."""
+
+    pickle_encodings: bool | None = None
+    """NeMo's switch. False: NeMo's non-pickle layout (`format: npy`). True needs `format: nemo_pickle`."""
+
+    format: Literal["safetensors", "npy", "nemo_pickle"] | None = None
+    """Output format. `safetensors` (default): one `<key>.safetensors` member per sample; `npy`: one
+    `<key>.<encoding>` np.save member per encoding (NeMo's pickle_encodings: false); `nemo_pickle`: NeMo's
+    `<key>.pickle` of dict[str, ndarray] (readers refuse it unless told the shards are trusted)."""
+
+    encodings: list[EncodingSpec] = []
+    """The encodings stored for each sample."""
+
+    image_transform: ImageTransformConfig = ImageTransformConfig()
+    """Image preprocessing before image encoders."""
+
+    tar_chunk_size: Annotated[Count, Field(ge=1)] = 1000
+    """Samples per output shard; the last shard of each task keeps a `.INCOMPLETE` marker."""
+
+    node_array_size: Annotated[Count, Field(ge=1)] | str = 1
+    """NeMo: number of tasks (int), or a range `"A-B"` of task ids to (re)run out of `override_task_count`."""
+
+    override_task_id: Annotated[Count, Field(ge=0)] | None = None
+    """NeMo: run only this task id (0 is valid)."""
+
+    override_task_count: Annotated[Count, Field(ge=1)] | None = None
+    """NeMo: the total task count the slices are cut for (needed to re-run a range or one task)."""
+
+    device: str = "auto"
+    """Torch device for the encoders: `auto` (cuda when available, else cpu), `cpu`, `cuda`, `cuda:1`."""
+
+    dtype: Literal["float32", "float16", "bfloat16"] = "float32"
+    """Compute dtype of the encoders (the stored precision is per encoding)."""
+
+    @field_validator("node_array_size")
+    @classmethod
+    def _range(cls, value: Any) -> Any:
+        if isinstance(value, str) and not re.fullmatch(r"\d+-\d+", value.strip()):
+            raise ValueError('an integer task count, or a range "A-B" of task ids')
+        return value
+
+    @field_validator("input_dir", "output_dir", "precache_config_path", mode="before")
+    @classmethod
+    def _empty_is_unset(cls, value: Any) -> Any:
+        return None if value == "" else value
+
+    @property
+    def output_format(self) -> str:
+        if self.format is not None:
+            return self.format
+        return "npy" if self.pickle_encodings is False else "safetensors"
+
+    def problems(self):
+        yield from super().problems()
+        if not self.encodings and not self.precache_config_path:
+            yield "encodings", [], "at least one encoding (or a precache_config_path with `encodings`)"
+        if self.pickle_encodings and self.format not in (None, "nemo_pickle"):
+            yield "pickle_encodings", True, f"pickle output needs format: nemo_pickle (format is {self.format})"
+        keys = [e.key for e in self.encodings]
+        if len(keys) != len(set(keys)):
+            yield "encodings", keys, "each encoding needs its own key"
+        if isinstance(self.node_array_size, str) and self.override_task_count is None:
+            yield "override_task_count", None, "a node_array_size range needs the original override_task_count"

@@ -1,0 +1,76 @@
+"""Reading encoding shards for training: identity-checked, and without pickle unless the caller trusts the shards.
+
+for sample in read_encodings(config.output_dir, config):   # config: the PrecacheConfig training expects
+    sample["key"], sample["encodings"]["autoencoderkl_image"]  # torch tensors
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import pickle
+from collections.abc import Iterator
+
+import fsspec
+import numpy as np
+import torch
+from safetensors.torch import load as safetensors_load
+
+from unirl_core.config.precache import PrecacheConfig
+from unirl_core.io.tars import iter_samples
+from unirl_core.precache.run import PrecacheError, cache_identity
+
+
+def done_records(output_dir: str) -> list[dict]:
+    fs, path = fsspec.core.url_to_fs(output_dir)
+    records = [json.loads(fs.cat_file(p)) for p in sorted(fs.glob(f"{path}/t*_r*.done.json"))]
+    if not records:
+        raise PrecacheError(f"{output_dir}: no finished precache task (t*_r*.done.json); run `unirl precache`")
+    return records
+
+
+def check_cache(output_dir: str, wanted: PrecacheConfig) -> list[dict]:
+    """The finished tasks' records, after checking they were built with what `wanted` asks for (weights are
+    compared by the writer on resume; here the encoders' classes, kwargs, transform, precision and format)."""
+    records = done_records(output_dir)
+    expected = cache_identity(wanted, None)
+    for record in records:
+        recorded = json.loads(json.dumps(record["identity"]))
+        for entry in recorded["encodings"]:
+            entry.pop("weights", None)
+        if recorded != expected:
+            raise PrecacheError(
+                f"{output_dir}: cache built with {json.dumps(recorded, sort_keys=True)}, config wants "
+                f"{json.dumps(expected, sort_keys=True)}"
+            )
+    return records
+
+
+def decode_members(members: dict[str, bytes], keys: list[str], trusted: bool = False) -> dict[str, torch.Tensor]:
+    """{encoding key: tensor} from a sample's members in any of the three formats. Pickle only when trusted."""
+    if "safetensors" in members:
+        return safetensors_load(members["safetensors"])
+    if "pickle" in members or any(ext.endswith(("pickle", "pkl")) for ext in members):
+        if not trusted:
+            raise PrecacheError("pickled encodings refused: pass trusted=True only for shards you made or trust")
+        return {
+            k: torch.from_numpy(np.asarray(v)) for k, v in pickle.loads(members["pickle"]).items()
+        }  # trusted opt-in
+    return {
+        key: torch.from_numpy(np.load(io.BytesIO(members[key]), allow_pickle=False)) for key in keys if key in members
+    }
+
+
+def read_encodings(output_dir: str, wanted: PrecacheConfig, trusted: bool = False) -> Iterator[dict]:
+    """Every encoded sample of a finished cache, in task then shard order: {"key", "encodings", "originals"}."""
+    keys = [e.key for e in wanted.encodings]
+    for record in check_cache(output_dir, wanted):
+        for shard in record["shards"]:
+            for key, members in iter_samples(f"{output_dir.rstrip('/')}/{shard['name']}"):
+                encodings = decode_members(members, keys, trusted)
+                originals = {
+                    ext: data
+                    for ext, data in members.items()
+                    if ext not in keys and ext not in ("safetensors", "pickle")
+                }
+                yield {"key": key, "encodings": encodings, "originals": originals}
