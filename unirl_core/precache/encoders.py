@@ -17,6 +17,7 @@ from __future__ import annotations
 import hashlib
 import importlib
 import json
+import threading
 from typing import Any
 
 import torch
@@ -88,6 +89,9 @@ class T5TextEncoder(_HFTextEncoder):
         super().__init__(pretrained, subfolder, tokenizer_subfolder, max_length)
 
 
+_BUILD_LOCK = threading.Lock()  # from_pretrained patches torch globals while loading (meta-device init): one at a time
+
+
 def build_encoder(encoder_config: dict[str, Any], device: torch.device, dtype: torch.dtype) -> torch.nn.Module:
     """NeMo's rule: `cls` is a dotted class path, the other keys its kwargs; eval mode, gradients off."""
     kwargs = dict(encoder_config)
@@ -97,7 +101,8 @@ def build_encoder(encoder_config: dict[str, Any], device: torch.device, dtype: t
         cls = getattr(importlib.import_module(module_name), class_name)
     except (ImportError, AttributeError, ValueError) as exc:
         raise ValueError(f"encoder_config.cls={path!r} cannot be imported ({exc})") from None
-    encoder = cls(**kwargs)
+    with _BUILD_LOCK:
+        encoder = cls(**kwargs)
     if isinstance(encoder, torch.nn.Module):
         encoder = encoder.to(device=device, dtype=dtype).eval().requires_grad_(False)
     return encoder

@@ -13,10 +13,12 @@ to its end, its keys' skips, its hash, and the cache identity. A killed task res
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import io
 import json
 import logging
+import os
 import pickle
 from collections.abc import Callable, Iterator
 
@@ -162,7 +164,8 @@ def run_task(
         # forkserver: the caller (a Prefect task, a Ray worker) has threads, and forking a threaded process can
         # copy a held lock into the children
         multiprocessing_context="forkserver" if config.dataloader_num_workers else None,
-        persistent_workers=False,
+        # a forkserver keeps the environment of its first use: give workers today's (credentials, endpoints)
+        worker_init_fn=functools.partial(_adopt_environment, dict(os.environ)),
     )
     loop = _ShardLoop(config, encoders, task, rank, len(committed), consumed)
     records = list(committed) + list(loop.run(_batches(iter(loader), config.batch_size_per_GPU), on_samples))
@@ -179,6 +182,11 @@ def run_task(
     }
     storage.write_bytes_atomic(done_path, json.dumps(done, indent=1, sort_keys=True).encode())
     return done
+
+
+def _adopt_environment(environment: dict[str, str], worker_id: int) -> None:
+    os.environ.clear()
+    os.environ.update(environment)
 
 
 def _check_identity(recorded: dict, wanted: dict, where: str) -> None:
@@ -223,13 +231,14 @@ class _ShardLoop:
 
     def __init__(self, config, encoders, task, rank, number, consumed):
         self.config, self.encoders, self.task, self.rank = config, encoders, task, rank
-        self.number, self.consumed = number, consumed
+        self.number, self.consumed, self.position = number, consumed, consumed
         self.out = config.output_dir.rstrip("/")
         self.writer, self.skips = None, []
 
     def run(self, batches, on_samples) -> Iterator[dict]:
         for batch, skips in batches:
             self.skips += [{"key": s["key"], "reason": s["skip"], "number": s["number"]} for s in skips]
+            self.position = max([self.position] + [s["number"] + 1 for s in batch + skips])
             for sample, encoded in zip(batch, self.encoders.encode(batch) if batch else [], strict=True):
                 if self.writer is None:
                     self.writer = TarShardWriter(f"{self.out}/{output_shard_name(self.task, self.rank, self.number)}")
@@ -238,13 +247,12 @@ class _ShardLoop:
                     yield self._commit(sample["number"] + 1, complete=True)
             if on_samples:
                 on_samples(len(batch) + len(skips))
-        end = max([self.consumed] + [s["number"] + 1 for s in self.skips])
         if self.writer is not None:
             storage.write_bytes_atomic(
                 f"{self.out}/{output_shard_name(self.task, self.rank, self.number)}{INCOMPLETE}", b""
             )
-            yield self._commit(end, complete=False)
-        self.consumed = max(self.consumed, end)
+            yield self._commit(self.position, complete=False)
+        self.consumed = self.position  # trailing skips count as consumed, listed in the done record
 
     def _commit(self, consumed: int, complete: bool) -> dict:
         mine = [s for s in self.skips if s["number"] < consumed]
