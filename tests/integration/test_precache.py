@@ -121,6 +121,17 @@ def test_precache_safe_format_key_parity_and_index(prefect_harness, source, tmp_
     again = precache(config)  # finished tasks are not redone
     assert again["samples"] == 24
 
+    from typer.testing import CliRunner
+
+    from flows.cli import app
+
+    shown = CliRunner().invoke(app, ["shards", "inspect", config.output_dir, "--samples", "2"])
+    assert shown.exit_code == 0, shown.output
+    head, record, _ = [json.loads(line) for line in shown.stdout.splitlines()]
+    assert head["rows"] == 25 and head["skip_reasons"] == {"jpg": 1} and head["samples"] == 20
+    assert record["encodings"]["autoencoderkl_image"] == {"shape": [8, 16, 16], "dtype": "float16"}
+    assert record["encodings"]["t5_text"]["dtype"] == "float32"
+
 
 def test_npy_and_nemo_pickle_formats(prefect_harness, source, tmp_path):
     import webdataset as wds

@@ -19,7 +19,6 @@ from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from datetime import UTC, datetime
-from pathlib import Path
 
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -92,7 +91,7 @@ def download_unit(root: str, unit: WorkUnit, config: IngestConfig, on_row: Calla
         return done
     stage = config.download_images
     paths, started = raw_paths(root, unit), time.time()
-    _remove_leftovers(paths["tar"])
+    storage.remove_temporaries(f"{root.rstrip('/')}/raw", unit.name)  # a killed run's tar/parquet/stats
     records, reasons = [], Counter()
     with TarShardWriter(paths["tar"]) as writer, ThreadPoolExecutor(stage.download_num_threads) as pool:
         worker = _RowWorker(unit, stage)
@@ -110,16 +109,6 @@ def download_unit(root: str, unit: WorkUnit, config: IngestConfig, on_row: Calla
     stats = _stats(unit, stage, records, reasons, shard, started)
     storage.write_bytes_atomic(paths["stats"], json.dumps(stats, indent=1, sort_keys=True).encode())
     return stats
-
-
-def _remove_leftovers(tar_path: str) -> None:
-    """Temporary files of this unit (tar, parquet, stats) left by a killed run; a crash never leaves a final
-    name behind."""
-    if storage.is_url(tar_path):
-        return  # object stores hold no temporaries: uploads are single objects
-    folder, unit = Path(tar_path).parent, Path(tar_path).stem
-    for leftover in folder.glob(f".{unit}[._]*.tmp"):
-        leftover.unlink(missing_ok=True)
 
 
 def ordered_map(pool: ThreadPoolExecutor, fn: Callable, items: Iterable, window: int) -> Iterator:

@@ -8,6 +8,7 @@ from collections import Counter
 from collections.abc import Iterator
 
 import fsspec
+import numpy as np
 from PIL import Image
 
 from unirl_core.io import storage
@@ -37,12 +38,20 @@ def describe(path: str) -> dict:
     index = json.loads(storage.read_text(f"{folder}/index.json"))
     reasons: Counter = Counter()
     rows = 0
-    fs, raw = fsspec.core.url_to_fs(f"{root}/raw")
-    for stats_path in sorted(fs.glob(f"{raw}/*_stats.json")):
-        stats = json.loads(fs.cat_file(stats_path))
-        rows += stats["count"]
-        reasons.update(stats["skip_reasons"])
-    reasons.update(index.get("skipped_in_reorganize", {}))
+    fs, shards_path = fsspec.core.url_to_fs(folder)
+    precache_tasks = sorted(fs.glob(f"{shards_path}/t*_r*.done.json"))
+    if precache_tasks:  # a precache output: its own source samples and skips
+        for done_path in precache_tasks:
+            done = json.loads(fs.cat_file(done_path))
+            rows += done["source_samples"]
+            reasons.update(s["reason"].split(":")[0] for s in done["skipped"])
+    else:  # an ingest output: rows and skips of the raw shards
+        fs, raw = fsspec.core.url_to_fs(f"{root}/raw")
+        for stats_path in sorted(fs.glob(f"{raw}/*_stats.json")):
+            stats = json.loads(fs.cat_file(stats_path))
+            rows += stats["count"]
+            reasons.update(stats["skip_reasons"])
+        reasons.update(index.get("skipped_in_reorganize", {}))
     complete = [s["url"] for s in index["shardlist"]]
     return {
         "dataset": root,
@@ -58,6 +67,32 @@ def describe(path: str) -> dict:
     }
 
 
+KNOWN_EXTENSIONS = {*IMAGE_EXTENSIONS, "txt", "json"}
+
+
+def _encodings(members: dict[str, bytes]) -> dict:
+    """Shape and dtype of each stored encoding (precache outputs); pickles are named, never loaded."""
+    if "safetensors" in members:
+        from safetensors.torch import load
+
+        return {
+            k: {"shape": list(t.shape), "dtype": str(t.dtype).removeprefix("torch.")}
+            for k, t in load(members["safetensors"]).items()
+        }
+    if "pickle" in members:
+        return {"pickle": "not loaded: pickled member (read it with trusted=True only if you trust the shards)"}
+    found = {}
+    for ext, data in members.items():
+        if ext in KNOWN_EXTENSIONS:
+            continue
+        try:
+            array = np.load(io.BytesIO(data), allow_pickle=False)
+        except ValueError:
+            continue
+        found[ext] = {"shape": list(array.shape), "dtype": str(array.dtype)}
+    return found
+
+
 def sample_records(folder: str, shard_names: list[str], limit: int) -> Iterator[dict]:
     """The first `limit` samples: key, caption, image size (from the header only) and metadata."""
     if limit <= 0:
@@ -67,13 +102,17 @@ def sample_records(folder: str, shard_names: list[str], limit: int) -> Iterator[
         for key, members in iter_samples(f"{folder}/{name}"):
             image_ext = next((e for e in IMAGE_EXTENSIONS if e in members), None)
             size = Image.open(io.BytesIO(members[image_ext])).size if image_ext else None
-            yield {
+            record = {
                 "key": key,
                 "shard": name,
                 "caption": members.get("txt", b"").decode("utf-8"),
                 "image": {"format": image_ext, "width": size[0], "height": size[1]} if size else None,
                 "metadata": json.loads(members["json"]) if "json" in members else None,
             }
+            encodings = _encodings(members)
+            if encodings:
+                record["encodings"] = encodings
+            yield record
             shown += 1
             if shown == limit:
                 return

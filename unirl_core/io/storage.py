@@ -103,3 +103,12 @@ def _ensure_parent(path: str) -> Path:
     folder = Path(path).parent
     folder.mkdir(parents=True, exist_ok=True)
     return folder
+
+
+def remove_temporaries(folder: str, pattern: str) -> None:
+    """Delete `folder/.{pattern}*.tmp` files left by a killed writer (local folders only: object stores never
+    hold temporaries, uploads are single objects)."""
+    if is_url(folder):
+        return
+    for leftover in Path(folder).glob(f".{pattern}*.tmp"):
+        leftover.unlink(missing_ok=True)

@@ -154,6 +154,7 @@ def run_task(
         done = json.loads(storage.read_text(done_path))
         _check_identity(done["identity"], encoders.identity, done_path)
         return done
+    storage.remove_temporaries(out, f"t{task}_r{rank}_")  # what a killed run of this task was writing
     committed = _committed(out, task, rank, encoders.identity)
     consumed = committed[-1]["source_consumed"] if committed else 0
     loader = DataLoader(
