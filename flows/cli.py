@@ -171,20 +171,32 @@ def ingest(
     _print_summary(summary)
 
 
-@app.command()
+@app.command(context_settings={"allow_extra_args": False})
 def precache(
-    recipe: Annotated[str, typer.Argument(help="Recipe file or packaged recipe name with a `precache` section.")],
+    target: Annotated[str, typer.Argument(help="A recipe with a `precache` section, or the word `prompts`.")],
+    prompts_file: Annotated[str | None, typer.Argument(help="With `prompts`: the prompt file to embed.")] = None,
+    recipe: Annotated[str | None, typer.Option(help="With `prompts`: the recipe whose text encodings to use.")] = None,
+    cache_dir: Annotated[
+        str | None, typer.Option(help="With `prompts`: cache root (default $UNIRL_HOME/cache/text-embeddings).")
+    ] = None,
     set_: Annotated[list[str] | None, typer.Option("--set", "-s", help="Override: dotted.key=value.")] = None,
 ) -> None:
-    """Run the precache flow (shards -> encoding shards of frozen encoders) with a progress bar; print the summary."""
+    """`unirl precache RECIPE`: run the precache flow (shards -> encoding shards) and print the summary.
+    `unirl precache prompts FILE --recipe R`: fill the text-embedding cache for a prompt file."""
     from unirl_core.config import RecipeError, load_recipe
 
+    recipe_ref = recipe if target == "prompts" else target
+    if recipe_ref is None or (target == "prompts" and prompts_file is None):
+        raise _fail("error: usage: unirl precache RECIPE | unirl precache prompts PROMPTS_FILE --recipe RECIPE")
     try:
-        config = load_recipe(recipe, set_ or []).precache
+        config = load_recipe(recipe_ref, set_ or []).precache
     except RecipeError as exc:
         raise _fail(str(exc)) from None
     if config is None:
-        raise _fail(f"error: recipe {recipe} has no `precache` section")
+        raise _fail(f"error: recipe {recipe_ref} has no `precache` section")
+    if target == "prompts":
+        _precache_prompts(config, prompts_file, cache_dir)
+        return
     _patient_prefect_startup()
     from flows.precache import precache as precache_flow
     from unirl_core.precache.run import PrecacheError
@@ -195,6 +207,32 @@ def precache(
     except PrecacheError as exc:
         raise _fail(f"error: {exc}") from None
     _print_table(f"precache: {summary['output']}", summary)
+
+
+def _precache_prompts(config, prompts_file: str, cache_dir: str | None) -> None:
+
+    from unirl_core.data.prompts import PromptDataError, load_prompts
+    from unirl_core.precache.prompt_cache import CachedTextEncoder
+    from unirl_core.precache.run import DTYPES, resolve_device
+    from unirl_core.workspace import workspace as current
+
+    specs = [e for e in config.encodings if e.modality == "text"]
+    if not specs:
+        raise _fail("error: the recipe's precache.encodings has no text encoding to cache prompts for")
+    try:
+        prompts = sorted({e.prompt for e in load_prompts(prompts_file)})
+    except PromptDataError as exc:
+        raise _fail(f"error: {exc}") from None
+    root = cache_dir or str(current().root / "cache" / "text-embeddings")
+    device, dtype = resolve_device(config.device), DTYPES[config.dtype]
+    for spec in specs:
+        cached = CachedTextEncoder(spec, root, device, dtype)
+        for start in range(0, len(prompts), config.batch_size_per_GPU):
+            cached.embed(prompts[start : start + config.batch_size_per_GPU])
+        typer.echo(
+            f"{spec.key}: {len(prompts)} prompts, {cached.hits} cached already, {cached.misses} computed -> "
+            f"{cached.cache.folder}"
+        )
 
 
 def _print_table(title: str, values: dict) -> None:
