@@ -23,6 +23,8 @@ def precache(config: PrecacheConfig) -> dict:
     ids, count = precache_tasks.plan_tasks(config)
     futures = precache_tasks.precache_task.map(unmapped(config), ids, unmapped(count))
     done = [future.result() for future in futures]
+    if config.merge_source_extensions:
+        precache_tasks.merge_source_tar(config)
     index = precache_tasks.write_index(config)
     summary = summarize(config, done, index, time.monotonic() - started)
     create_table_artifact(

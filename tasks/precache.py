@@ -46,3 +46,10 @@ def precache_task(config: PrecacheConfig, task_id: int, count: int) -> dict:
 @task(name="generate_wdinfo", retries=2, retry_delay_seconds=[5, 30], retry_condition_fn=is_transient)
 def write_index(config: PrecacheConfig) -> dict:
     return stages.write_index(config)
+
+
+@task(name="merge_source_tar", retries=2, retry_delay_seconds=[5, 30], retry_condition_fn=is_transient)
+def merge_source_tar(config: PrecacheConfig) -> int:
+    from unirl_core.precache.merge import merge_source_tar as merge
+
+    return merge(config, config.merge_source_extensions)

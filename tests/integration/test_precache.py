@@ -159,6 +159,33 @@ def test_npy_and_nemo_pickle_formats(prefect_harness, source, tmp_path):
     assert next(read_encodings(nemo.output_dir, nemo, trusted=True))["encodings"]["t5_text"].shape[1] == 64
 
 
+def test_merge_source_tar_adds_source_members(prefect_harness, source, tmp_path):
+    from flows.precache import precache
+
+    config = precache_config(
+        source, str(tmp_path / "merged"), node_array_size=1, merge_source_extensions=["json", "jpg"]
+    )
+    precache(config)
+    sources = {
+        k: m
+        for p in sorted(Path(source["shards"]).glob("*.tar"))
+        for k, m in ((f"{p.name}/{k}", m) for k, m in iter_samples(str(p)))
+    }
+    samples = list(read_encodings(config.output_dir, config))
+    assert len(samples) == 24
+    for sample in samples:
+        assert sample["originals"]["jpg"] == sources[sample["key"]]["jpg"]
+        assert sample["originals"]["json"] == sources[sample["key"]]["json"]
+    index = json.loads((tmp_path / "merged" / "index.json").read_text())
+    import hashlib
+
+    first = index["shardlist"][0]
+    assert hashlib.sha256((tmp_path / "merged" / first["url"]).read_bytes()).hexdigest() == first["sha256"]
+    before = (tmp_path / "merged" / first["url"]).read_bytes()
+    precache(config)  # merged already: a no-op
+    assert (tmp_path / "merged" / first["url"]).read_bytes() == before
+
+
 def test_stale_cache_is_refused(prefect_harness, source, tmp_path):
     from flows.precache import precache
 

@@ -117,6 +117,10 @@ class PrecacheConfig(StrictModel):
     encodings: list[EncodingSpec] = []
     """The encodings stored for each sample."""
 
+    merge_source_extensions: list[str] = []
+    """NeMo's merge_source_tar (`source_extensions`): after precaching, copy these source members (`json`, `jpg`)
+    next to each sample's encodings. Empty: the stage is skipped."""
+
     image_transform: ImageTransformConfig = ImageTransformConfig()
     """Image preprocessing before image encoders."""
 
