@@ -9,7 +9,8 @@ from __future__ import annotations
 import time
 
 from prefect import flow, unmapped
-from prefect.artifacts import create_table_artifact
+from prefect.artifacts import create_progress_artifact, create_table_artifact, update_progress_artifact
+from prefect.futures import as_completed
 
 from tasks import precache as precache_tasks
 from unirl_core.config.precache import PrecacheConfig
@@ -22,6 +23,9 @@ def precache(config: PrecacheConfig) -> dict:
     started = time.monotonic()
     ids, count = precache_tasks.plan_tasks(config)
     futures = precache_tasks.precache_task.map(unmapped(config), ids, unmapped(count))
+    progress = create_progress_artifact(progress=0.0, key="precache-progress", description="precache: tasks done")
+    for finished, _ in enumerate(as_completed(futures), start=1):
+        update_progress_artifact(progress, progress=100.0 * finished / len(futures))
     done = [future.result() for future in futures]
     if config.merge_source_extensions:
         precache_tasks.merge_source_tar(config)

@@ -120,6 +120,11 @@ def test_precache_safe_format_key_parity_and_index(prefect_harness, source, tmp_
 
     again = precache(config)  # finished tasks are not redone
     assert again["samples"] == 24
+    from prefect.client.orchestration import get_client
+
+    with get_client(sync_client=True) as client:
+        artifacts = {a.key: a for a in client.read_latest_artifacts()}
+    assert artifacts["precache-progress"].data == 100.0 and "precache-summary" in artifacts
 
     from typer.testing import CliRunner
 
