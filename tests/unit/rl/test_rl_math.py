@@ -1,0 +1,144 @@
+"""The RL math against independent references: log-probs vs float64 Gaussians and diffusers' DDIM step,
+advantages on hand-made groups, PPO clipping, KL, rewards."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+import torch
+from PIL import Image
+
+from unirl_core.algorithms.advantages import PerPromptStatTracker, group_advantages
+from unirl_core.algorithms.losses import gaussian_kl, ppo_clip_loss
+from unirl_core.rewards import functions
+from unirl_core.rewards.service import RewardError, RewardService
+from unirl_core.rollout.samplers import ddim_step, flow_sde_step, stochastic_steps
+
+
+def reference_log_prob(x, mean, std) -> torch.Tensor:
+    normal = torch.distributions.Normal(mean.double(), torch.as_tensor(std, dtype=torch.float64))
+    return normal.log_prob(x.double()).mean(dim=(1, 2, 3))
+
+
+@pytest.mark.parametrize(("sigma", "sigma_next", "eta"), [(0.9, 0.8, 0.7), (0.5, 0.3, 1.0), (1.0, 0.95, 0.7)])
+def test_flow_sde_log_prob_equals_a_float64_gaussian(sigma, sigma_next, eta):
+    generator = torch.Generator().manual_seed(0)
+    x, v = torch.randn(3, 4, 8, 8, generator=generator), torch.randn(3, 4, 8, 8, generator=generator)
+    step = flow_sde_step(v, x, sigma, sigma_next, eta, sigma_max=0.95, generator=generator)
+    # the equations of RL.md, independently, in float64
+    denominator = 1 - (0.95 if sigma == 1 else sigma)
+    std_t = eta * math.sqrt(sigma / denominator)
+    dt = sigma_next - sigma
+    mean = x.double() * (1 + std_t**2 / (2 * sigma) * dt) + v.double() * (1 + std_t**2 * (1 - sigma) / (2 * sigma)) * dt
+    std = std_t * math.sqrt(-dt)
+    assert torch.allclose(step.mean.double(), mean, atol=1e-5)
+    assert math.isclose(step.std.item(), std, rel_tol=1e-6)
+    assert torch.allclose(step.log_prob.double(), reference_log_prob(step.sample, mean, std), atol=1e-4)
+    again = flow_sde_step(v, x, sigma, sigma_next, eta, sigma_max=0.95, prev_sample=step.sample)
+    assert torch.equal(again.log_prob, step.log_prob)  # re-evaluating a stored transition gives the same log-prob
+
+
+def test_ddim_step_matches_diffusers_and_a_float64_gaussian():
+    from diffusers import DDIMScheduler
+
+    scheduler = DDIMScheduler(beta_schedule="scaled_linear", beta_start=0.00085, beta_end=0.012, clip_sample=False, set_alpha_to_one=False, steps_offset=1)  # fmt: skip
+    scheduler.set_timesteps(10)
+    t, t_prev = int(scheduler.timesteps[3]), int(scheduler.timesteps[4])
+    a_t, a_prev = scheduler.alphas_cumprod[t].item(), scheduler.alphas_cumprod[t_prev].item()
+    generator = torch.Generator().manual_seed(1)
+    x, eps, noise = (torch.randn(2, 4, 8, 8, generator=generator) for _ in range(3))
+    expected = scheduler.step(eps, t, x, eta=1.0, variance_noise=noise).prev_sample
+    step = ddim_step(eps, x, a_t, a_prev, eta=1.0, prev_sample=expected)
+    assert torch.allclose(step.mean + step.std * noise, expected, atol=1e-5)
+    assert torch.allclose(step.log_prob.double(), reference_log_prob(expected, step.mean, step.std.item()), atol=1e-4)
+    deterministic = ddim_step(eps, x, a_t, a_prev, eta=0.0)
+    assert deterministic.log_prob is None
+    assert torch.allclose(deterministic.sample, scheduler.step(eps, t, x, eta=0.0).prev_sample, atol=1e-5)
+
+
+def test_stochastic_steps():
+    assert stochastic_steps(10, 0.5) == [0, 1, 2, 3, 4]
+    assert stochastic_steps(10, window=(2, 5)) == [2, 3, 4]
+    with pytest.raises(ValueError):
+        stochastic_steps(10, window=(5, 11))
+
+
+def test_group_advantages_on_hand_made_groups():
+    rewards = torch.tensor([1.0, 1.0, 1.0, 1.0, 0.0, 1.0, 2.0, 3.0])
+    advantages, stats = group_advantages(rewards, group_size=4, clip=None)
+    assert torch.equal(advantages[:4], torch.zeros(4))  # equal rewards: no signal
+    assert stats["zero_std_ratio"] == 0.5
+    std = np.std([0.0, 1.0, 2.0, 3.0])
+    expected = torch.tensor([(r - 1.5) / (std + 1e-4) for r in (0, 1, 2, 3)], dtype=torch.float32)
+    assert torch.allclose(advantages[4:], expected, atol=1e-6)
+    batch, _ = group_advantages(rewards, group_size=4, std_mode="batch", clip=None)
+    assert torch.allclose(
+        batch[4:], torch.tensor([(r - 1.5) / (rewards.std(unbiased=False) + 1e-4) for r in (0, 1, 2, 3)]), atol=1e-5
+    )
+    clipped, _ = group_advantages(torch.tensor([0.0, 0.0, 0.0, 100.0]), group_size=4, clip=1.0)
+    assert clipped.abs().max() == 1.0
+    with pytest.raises(ValueError, match="do not split into groups of 3"):
+        group_advantages(rewards, group_size=3)
+
+
+def test_per_prompt_tracker_uses_batch_stats_until_min_count():
+    tracker = PerPromptStatTracker(buffer_size=8, min_count=4)
+    first = tracker.update(["a", "a", "b", "b"], torch.tensor([1.0, 3.0, 10.0, 12.0]))
+    batch = torch.tensor([1.0, 3.0, 10.0, 12.0])
+    assert torch.allclose(first, (batch - batch.mean()) / (batch.std(unbiased=False) + 1e-6), atol=1e-5)
+    second = tracker.update(["a", "a", "b", "b"], torch.tensor([1.0, 3.0, 10.0, 12.0]))
+    assert torch.allclose(second, torch.tensor([-1.0, 1.0, -1.0, 1.0]), atol=1e-5)  # now per prompt
+    restored = PerPromptStatTracker(buffer_size=8, min_count=4)
+    restored.load_state_dict(tracker.state_dict())
+    assert restored.state_dict() == tracker.state_dict()
+
+
+def test_ppo_ratio_one_and_clipping():
+    logp = torch.randn(6)
+    advantages = torch.tensor([1.0, -1.0, 2.0, -2.0, 0.5, 0.0])
+    loss, metrics = ppo_clip_loss(logp, logp.clone(), advantages, clip_range=1e-4)
+    assert metrics["ratio_mean"] == 1 and metrics["clip_fraction"] == 0
+    assert torch.isclose(loss, -advantages.mean())
+    new = (logp + 0.01).requires_grad_()  # ratio ~ 1.01: outside the 1e-4 band
+    loss, metrics = ppo_clip_loss(new, logp, torch.ones(6), clip_range=1e-4)
+    assert metrics["clip_fraction"] == 1
+    loss.backward()
+    assert torch.equal(new.grad, torch.zeros(6))  # positive advantage, ratio above the band: clipped, no gradient
+
+
+def test_gaussian_kl():
+    mean = torch.randn(2, 4, 4, 4)
+    assert torch.equal(gaussian_kl(mean, mean, torch.tensor(0.3)), torch.zeros(2))
+    assert torch.allclose(gaussian_kl(mean + 0.3, mean, torch.tensor(0.3)), torch.full((2,), 0.5))
+
+
+def test_jpeg_compressibility_prefers_flat_images():
+    flat = Image.new("RGB", (64, 64), (120, 130, 140))
+    noise = Image.fromarray(np.random.default_rng(0).integers(0, 256, (64, 64, 3), dtype=np.uint8))
+    scores = functions.jpeg_compressibility([flat, noise])
+    assert scores[0] > scores[1]
+    assert np.allclose(functions.jpeg_incompressibility([flat, noise]), -scores)
+    stats = {
+        name: functions.REWARDS[name]([flat, noise])
+        for name in ("edge_density", "colour_entropy", "brightness", "dark_fraction")
+    }
+    assert (
+        stats["edge_density"][0] < stats["edge_density"][1] and stats["colour_entropy"][0] < stats["colour_entropy"][1]
+    )
+
+
+def test_reward_service_totals_and_refuses_nan(monkeypatch):
+    images = [Image.new("RGB", (16, 16), (i * 60, 0, 0)) for i in range(3)]
+    service = RewardService({"jpeg_compressibility": 1.0, "brightness": 2.0}, guards=["edge_density"])
+    scored = service.score(images, ["p"] * 3, ["prompt:0:sample:0", "prompt:0:sample:1", "prompt:0:sample:2"])
+    assert np.allclose(scored["total"], scored["jpeg_compressibility"] + 2 * scored["brightness"])
+    assert set(scored) == {"total", "jpeg_compressibility", "brightness", "edge_density"}
+    monkeypatch.setitem(functions.REWARDS, "broken", lambda images, prompts: np.array([1.0, float("nan"), 2.0]))
+    with pytest.raises(RewardError, match=r"reward broken is NaN or infinite for samples \['prompt:0:sample:1'\]"):
+        RewardService({"broken": 1.0}).score(
+            images, ["p"] * 3, ["prompt:0:sample:0", "prompt:0:sample:1", "prompt:0:sample:2"]
+        )
+    with pytest.raises(ValueError, match=r"unknown reward\(s\) \['sharpness'\]"):
+        RewardService({"sharpness": 1.0})

@@ -1,0 +1,68 @@
+"""Advantages: GRPO's group normalization, DDPO's per-prompt stat tracker, clipping.
+
+rewards_B (B = prompts x samples_per_prompt, siblings adjacent) -> view [G, K]
+A = (r - mean_group) / (std_group + eps)      std per group, or one batch-wide std
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict, deque
+
+import torch
+
+
+def group_advantages(
+    rewards_B: torch.Tensor, group_size: int, std_mode: str = "group", eps: float = 1e-4, clip: float | None = 5.0
+) -> tuple[torch.Tensor, dict[str, float]]:
+    """Group-normalized advantages [B] and stats (`zero_std_ratio`: groups whose rewards are all equal)."""
+    if rewards_B.numel() % group_size:
+        raise ValueError(f"{rewards_B.numel()} rewards do not split into groups of {group_size}")
+    rewards_GK = rewards_B.double().view(-1, group_size)
+    mean_G1 = rewards_GK.mean(dim=1, keepdim=True)
+    if std_mode == "group":
+        std = rewards_GK.std(dim=1, keepdim=True, unbiased=False)
+    elif std_mode == "batch":
+        std = rewards_GK.std(unbiased=False).expand_as(mean_G1)
+    else:
+        raise ValueError(f"std_mode={std_mode!r}: choose group or batch")
+    advantages = ((rewards_GK - mean_G1) / (std + eps)).view(-1)
+    if clip is not None:
+        advantages = advantages.clamp(-clip, clip)
+    zero_std = (rewards_GK.max(dim=1).values == rewards_GK.min(dim=1).values).double().mean().item()
+    return advantages.float(), {
+        "zero_std_ratio": zero_std,
+        "advantage_mean": advantages.mean().item(),
+        "advantage_abs_max": advantages.abs().max().item(),
+    }
+
+
+class PerPromptStatTracker:
+    """DDPO's tracker: normalize each reward by its prompt's recent rewards (a buffer of `buffer_size`); until the
+    buffer holds `min_count` rewards, use the whole batch's statistics."""
+
+    def __init__(self, buffer_size: int = 32, min_count: int = 16, eps: float = 1e-6):
+        self.buffer_size, self.min_count, self.eps = buffer_size, min_count, eps
+        self.buffers: dict[str, deque] = defaultdict(lambda: deque(maxlen=buffer_size))
+
+    def update(self, prompts: list[str], rewards_B: torch.Tensor) -> torch.Tensor:
+        rewards = rewards_B.double()
+        advantages = torch.empty_like(rewards)
+        batch_mean, batch_std = rewards.mean(), rewards.std(unbiased=False)
+        for prompt in dict.fromkeys(prompts):
+            index = torch.tensor([i for i, p in enumerate(prompts) if p == prompt])
+            self.buffers[prompt].extend(rewards[index].tolist())
+            if len(self.buffers[prompt]) < self.min_count:
+                mean, std = batch_mean, batch_std
+            else:
+                history = torch.tensor(list(self.buffers[prompt]), dtype=torch.float64)
+                mean, std = history.mean(), history.std(unbiased=False)
+            advantages[index] = (rewards[index] - mean) / (std + self.eps)
+        return advantages.float()
+
+    def state_dict(self) -> dict:
+        return {"buffers": {k: list(v) for k, v in self.buffers.items()}}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.buffers.clear()
+        for prompt, values in state["buffers"].items():
+            self.buffers[prompt].extend(values)

@@ -1,0 +1,108 @@
+"""Stochastic denoising steps with log-probabilities: the transitions GRPO trains on.
+
+Two families, one contract: a step maps x_t to x_next by a Gaussian N(mean, std^2) and returns the sample, its
+log-probability (mean over all non-batch dimensions), the mean and the std. Everything is computed in float32
+whatever the model's dtype: bf16 breaks the "first ratio is exactly 1" invariant (RL.md, pitfalls).
+
+Flow matching (SD3; velocity v, sigma from 1 to 0, dt = sigma_next - sigma < 0), Flow-GRPO's SDE:
+    std_t  = eta * sqrt(sigma / (1 - sigma))          (sigma_max in place of 1 at sigma = 1)
+    mean   = x (1 + std_t^2 dt / (2 sigma)) + v (1 + std_t^2 (1 - sigma) / (2 sigma)) dt
+    x_next = mean + std_t sqrt(-dt) noise
+DDIM (SD 1.x; epsilon prediction, alpha-bar a_t -> a_prev), DDPO's eta = 1 step:
+    x0     = (x - sqrt(1 - a_t) eps) / sqrt(a_t)
+    std    = eta * sqrt((1 - a_prev) / (1 - a_t) * (1 - a_t / a_prev))
+    mean   = sqrt(a_prev) x0 + sqrt(1 - a_prev - std^2) eps
+With eta = 0 both are deterministic (evaluation): no noise, no log-prob.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+
+LOG_SQRT_2PI = 0.5 * math.log(2 * math.pi)
+
+
+@dataclass
+class StepResult:
+    sample: torch.Tensor  # x_next, float32 [B, C, H, W]
+    log_prob: torch.Tensor | None  # [B], None for a deterministic step
+    mean: torch.Tensor  # float32 [B, C, H, W]
+    std: torch.Tensor  # float32, broadcastable to the sample (a scalar per step)
+
+
+def gaussian_log_prob(x: torch.Tensor, mean: torch.Tensor, std: torch.Tensor) -> torch.Tensor:
+    """log N(x; mean, std^2) per element, averaged over every non-batch dimension: [B]."""
+    x, mean, std = x.float(), mean.float(), std.float()
+    per_element = -((x - mean) ** 2) / (2 * std**2) - torch.log(std) - LOG_SQRT_2PI
+    return per_element.mean(dim=tuple(range(1, x.ndim)))
+
+
+def flow_sde_step(
+    velocity: torch.Tensor,
+    latents: torch.Tensor,
+    sigma: float,
+    sigma_next: float,
+    eta: float,
+    sigma_max: float | None = None,
+    prev_sample: torch.Tensor | None = None,
+    generator: torch.Generator | None = None,
+) -> StepResult:
+    """One flow-matching SDE step. With `prev_sample`, the log-prob of that stored transition (re-evaluation)."""
+    v, x = velocity.float(), latents.float()
+    dt = sigma_next - sigma
+    if eta == 0:
+        mean = x + v * dt
+        return StepResult(mean, None, mean, torch.zeros((), device=x.device))
+    denominator = 1 - sigma if sigma < 1 else 1 - (sigma_max if sigma_max is not None and sigma_max < 1 else 1 - 1e-4)
+    std_t = eta * math.sqrt(sigma / max(denominator, 1e-8))
+    mean = x * (1 + std_t**2 / (2 * sigma) * dt) + v * (1 + std_t**2 * (1 - sigma) / (2 * sigma)) * dt
+    std = torch.tensor(std_t * math.sqrt(-dt), device=x.device, dtype=torch.float32)
+    if prev_sample is None:
+        noise = torch.randn(x.shape, generator=generator, device=x.device, dtype=torch.float32)
+        prev_sample = mean + std * noise
+    prev_sample = prev_sample.float()
+    return StepResult(prev_sample, gaussian_log_prob(prev_sample, mean, std), mean, std)
+
+
+def ddim_step(
+    noise_pred: torch.Tensor,
+    latents: torch.Tensor,
+    alpha_prod: float,
+    alpha_prod_prev: float,
+    eta: float,
+    prev_sample: torch.Tensor | None = None,
+    generator: torch.Generator | None = None,
+) -> StepResult:
+    """One DDIM step (epsilon prediction) with its Gaussian log-prob; eta = 1 is DDPO's sampler."""
+    eps, x = noise_pred.float(), latents.float()
+    x0 = (x - math.sqrt(1 - alpha_prod) * eps) / math.sqrt(alpha_prod)
+    variance = (1 - alpha_prod_prev) / (1 - alpha_prod) * (1 - alpha_prod / alpha_prod_prev)
+    std_value = eta * math.sqrt(max(variance, 0.0))
+    direction = math.sqrt(max(1 - alpha_prod_prev - std_value**2, 0.0)) * eps
+    mean = math.sqrt(alpha_prod_prev) * x0 + direction
+    std = torch.tensor(std_value, device=x.device, dtype=torch.float32)
+    if eta == 0 or std_value == 0:
+        return StepResult(mean, None, mean, std)
+    if prev_sample is None:
+        noise = torch.randn(x.shape, generator=generator, device=x.device, dtype=torch.float32)
+        prev_sample = mean + std * noise
+    prev_sample = prev_sample.float()
+    return StepResult(prev_sample, gaussian_log_prob(prev_sample, mean, std), mean, std)
+
+
+def stochastic_steps(
+    num_steps: int, timestep_fraction: float = 1.0, window: tuple[int, int] | None = None
+) -> list[int]:
+    """Indices of the steps that are stochastic (and trained): an explicit window [start, end), or the first
+    `timestep_fraction` of the steps (the early, high-noise ones)."""
+    if window is not None:
+        start, end = window
+        if not 0 <= start < end <= num_steps:
+            raise ValueError(f"SDE window {window} must satisfy 0 <= start < end <= num_steps={num_steps}")
+        return list(range(start, end))
+    if not 0 < timestep_fraction <= 1:
+        raise ValueError(f"timestep_fraction={timestep_fraction} must be in (0, 1]")
+    return list(range(max(1, round(num_steps * timestep_fraction))))
