@@ -12,7 +12,7 @@ Batch arithmetic (global, per rollout):
 from __future__ import annotations
 
 from collections.abc import Iterator
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal
 
 from pydantic import Field, field_validator
 
@@ -95,8 +95,81 @@ class SamplingConfig(StrictModel):
     """Base seed of the initial noise; each sample's noise derives from (seed, step, sample index)."""
 
 
+class LoraConfig(StrictModel):
+    """LoRA through peft on the denoiser (the reference policy is the same model with the adapter disabled)."""
+
+    rank: Annotated[Count, Field(ge=1)] = 8
+    """LoRA rank r."""
+
+    alpha: Annotated[float, Field(gt=0)] = 16.0
+    """LoRA alpha (the update is scaled by alpha / rank)."""
+
+    target_modules: list[str] = ["to_q", "to_k", "to_v", "to_out.0"]
+    """Module names that get adapters (attention projections by default)."""
+
+
+class ModelConfig(StrictModel):
+    """The generator being trained."""
+
+    family: Literal["sd3", "sd15"] = "sd3"
+    """Model family (the adapter): `sd3` (flow matching, SDE sampler) or `sd15` (UNet + DDIM, eta sampler)."""
+
+    path: str = "tiny:sd3"
+    """A diffusers pipeline folder or hub id; `tiny:<family>` builds the tiny test model in the workspace."""
+
+    dtype: Literal["float32", "bfloat16", "float16"] = "float32"
+    """Compute dtype of the model (log-probs are always float32)."""
+
+    lora: LoraConfig | None = LoraConfig()
+    """LoRA settings; empty (null) means full fine-tuning of the denoiser."""
+
+
+class AlgorithmConfig(StrictModel):
+    """GRPO with PPO-clip on per-step log-probs (Flow-GRPO / DDPO)."""
+
+    eta: Annotated[float, Field(ge=0)] = 0.7
+    """Sampler noise level: flow SDE `eta` (sd3) or DDIM `eta` (sd15, 1.0 is DDPO's)."""
+
+    timestep_fraction: Annotated[float, Field(gt=0, le=1)] = 1.0
+    """Fraction of the denoising steps (the early, high-noise ones) that are stochastic and trained."""
+
+    clip_range: Annotated[float, Field(gt=0)] = 1e-4
+    """PPO clip range epsilon on the per-step ratio."""
+
+    adv_clip: Annotated[float, Field(gt=0)] = 5.0
+    """Advantages are clipped to [-adv_clip, adv_clip]."""
+
+    std_mode: Literal["group", "batch"] = "group"
+    """Advantage normalization: per-group std, or one batch-wide std."""
+
+    beta: Annotated[float, Field(ge=0)] = 0.0
+    """KL weight to the reference policy (0: no KL term)."""
+
+    learning_rate: Annotated[float, Field(gt=0)] = 3e-4
+    """AdamW learning rate."""
+
+    max_grad_norm: Annotated[float, Field(gt=0)] = 1.0
+    """Gradient clipping norm."""
+
+    num_updates_per_batch: Annotated[Count, Field(ge=1)] = 1
+    """Disjoint mini-batches (optimizer steps) per rollout; pi_old is frozen once per rollout."""
+
+    micro_batch_size: Annotated[Count, Field(ge=1)] = 4
+    """Samples per forward/backward inside a mini-batch (gradient accumulation)."""
+
+
+class RewardConfig(StrictModel):
+    """How images are scored."""
+
+    weights: dict[str, float] = {"jpeg_compressibility": 1.0}
+    """Reward name -> weight in the total (see unirl_core/rewards/functions.py for the names)."""
+
+    guards: list[str] = ["brightness", "edge_density"]
+    """Rewards scored and logged but not trained on (watch for reward hacking)."""
+
+
 class TrainConfig(StrictModel):
-    """Training rounds: data and sampling today; the model, algorithm and rounds arrive with their issues."""
+    """Training: the model, the data and sampling, the algorithm and the reward."""
 
     output_dir: str | None = None
     """Folder for this training's checkpoints and samples (local path or fsspec URL). Empty: the workspace's
@@ -112,6 +185,18 @@ class TrainConfig(StrictModel):
 
     sampling: SamplingConfig = SamplingConfig()
     """Sampling settings shared by every rollout."""
+
+    model: ModelConfig = ModelConfig()
+    """The generator and its LoRA."""
+
+    algorithm: AlgorithmConfig = AlgorithmConfig()
+    """GRPO settings."""
+
+    reward: RewardConfig = RewardConfig()
+    """Reward weights and guards."""
+
+    steps: Annotated[Count, Field(ge=1)] = 10
+    """RL steps (rollout -> reward -> advantage -> update) of a local run."""
 
 
 class Recipe(StrictModel):

@@ -1,0 +1,226 @@
+"""Model-family adapters: everything family-specific behind one small contract, so one rollout loop and one train
+stack serve every family (Flow-GRPO copies a trainer per model; we do not).
+
+    adapter.encode(prompts)                         -> conditioning (with the negative prompt when CFG is on)
+    adapter.initial_noise(sample_ids, seed, shape)  -> float32 latents, bit-identical for a (seed, sample id)
+    adapter.transition(x, i, eta, cond, prev=None)  -> StepResult of denoising step i (log-prob when stochastic)
+    adapter.decode(latents)                          -> PIL images (VAE decode in chunks)
+    adapter.trainable / adapter.reference()          -> the trained module; a context with the adapter disabled
+
+Adding a family (Flux, Qwen-Image, Wan) = one adapter class here (or in its own file) registered in FAMILIES,
+plus a recipe with `train.model.family` set to it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+
+import torch
+
+from unirl_core.rollout.samplers import StepResult, ddim_step, flow_sde_step
+
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+def resolve_model_path(path: str) -> str:
+    """`tiny:<family>` -> a tiny pipeline folder in the workspace (built once); anything else is used as is."""
+    if not path.startswith("tiny:"):
+        return path
+    from unirl_core.models.tiny import write_tiny_model
+    from unirl_core.workspace import workspace
+
+    family = path.split(":", 1)[1]
+    folder = workspace().root / "models" / f"tiny-{family}-seed0"
+    if not (folder / "model_index.json").exists():
+        write_tiny_model(folder, family, seed=0)
+    return str(folder)
+
+
+def sample_seed(seed: int, sample_id: str) -> int:
+    return int.from_bytes(hashlib.sha256(f"{seed}:{sample_id}".encode()).digest()[:8], "little") & ((1 << 63) - 1)
+
+
+class _Adapter:
+    pipeline_class = ""
+    denoiser_name = ""
+
+    def __init__(
+        self,
+        path: str,
+        device: str = "cpu",
+        dtype: str = "float32",
+        lora=None,
+        guidance_scale: float = 4.5,
+        negative_prompt: str = "",
+    ):
+        import diffusers
+
+        pipeline = getattr(diffusers, self.pipeline_class).from_pretrained(
+            resolve_model_path(path), torch_dtype=DTYPES[dtype]
+        )
+        self.pipeline = pipeline.to(device)
+        self.pipeline.set_progress_bar_config(disable=True)
+        self.device, self.dtype = torch.device(device), DTYPES[dtype]
+        self.guidance_scale, self.negative_prompt = guidance_scale, negative_prompt
+        self.trainable = getattr(pipeline, self.denoiser_name)
+        for module in pipeline.components.values():
+            if isinstance(module, torch.nn.Module):
+                module.requires_grad_(False)
+        self.has_lora = lora is not None
+        if lora is not None:
+            from peft import LoraConfig
+
+            config = LoraConfig(
+                r=lora.rank,
+                lora_alpha=lora.alpha,
+                target_modules=list(lora.target_modules),
+                init_lora_weights="gaussian",
+            )
+            self.trainable.add_adapter(config)
+        else:
+            self.trainable.requires_grad_(True)
+
+    @property
+    def cfg(self) -> bool:
+        return self.guidance_scale > 1.0
+
+    def parameters(self) -> list[torch.nn.Parameter]:
+        return [p for p in self.trainable.parameters() if p.requires_grad]
+
+    @contextlib.contextmanager
+    def reference(self):
+        """The reference policy: the adapter disabled (LoRA). Full fine-tuning keeps no frozen copy here."""
+        if not self.has_lora:
+            raise ValueError("a KL term (beta > 0) with full fine-tuning needs a frozen reference copy: use LoRA")
+        self.trainable.disable_adapters()
+        try:
+            yield
+        finally:
+            self.trainable.enable_adapters()
+
+    def initial_noise(self, sample_ids: list[str], seed: int, shape: tuple[int, ...]) -> torch.Tensor:
+        noises = [torch.randn(shape, generator=torch.Generator().manual_seed(sample_seed(seed, s))) for s in sample_ids]
+        return torch.stack(noises).to(self.device)
+
+    def latent_shape(self, height: int, width: int) -> tuple[int, int, int]:
+        factor = self.pipeline.vae_scale_factor
+        return self.trainable.config.in_channels, height // factor, width // factor
+
+    @torch.no_grad()
+    def decode(self, latents: torch.Tensor, chunk: int = 8):
+        images = []
+        vae = self.pipeline.vae
+        for start in range(0, latents.shape[0], chunk):
+            part = latents[start : start + chunk].to(vae.dtype) / vae.config.scaling_factor
+            if getattr(vae.config, "shift_factor", None) is not None:
+                part = part + vae.config.shift_factor
+            decoded = vae.decode(part).sample
+            images += self.pipeline.image_processor.postprocess(decoded, output_type="pil")
+        return images
+
+    def select(self, cond: dict, index: torch.Tensor) -> dict:
+        """The conditioning of a subset of samples (both CFG halves, kept in [negative, positive] order)."""
+        if not self.cfg:
+            return {k: v[index] for k, v in cond.items()}
+        halves = {k: v.chunk(2) for k, v in cond.items()}
+        return {k: torch.cat([negative[index], positive[index]]) for k, (negative, positive) in halves.items()}
+
+    def _guided(self, output: torch.Tensor) -> torch.Tensor:
+        if not self.cfg:
+            return output.float()
+        uncond, cond = output.float().chunk(2)
+        return uncond + self.guidance_scale * (cond - uncond)
+
+
+class SD3Adapter(_Adapter):
+    """StableDiffusion3Pipeline parts: flow matching, velocity prediction, the Flow-GRPO SDE sampler."""
+
+    pipeline_class, denoiser_name = "StableDiffusion3Pipeline", "transformer"
+
+    @torch.no_grad()
+    def encode(self, prompts: list[str]) -> dict:
+        embeds, negative, pooled, negative_pooled = self.pipeline.encode_prompt(
+            prompt=prompts, prompt_2=None, prompt_3=None, do_classifier_free_guidance=self.cfg,
+            negative_prompt=[self.negative_prompt] * len(prompts) if self.cfg else None, device=self.device,
+        )  # fmt: skip
+        if self.cfg:
+            return {"embeds": torch.cat([negative, embeds]), "pooled": torch.cat([negative_pooled, pooled])}
+        return {"embeds": embeds, "pooled": pooled}
+
+    def schedule(self, num_steps: int) -> list[float]:
+        scheduler = self.pipeline.scheduler
+        scheduler.set_timesteps(num_steps, device="cpu")
+        return [float(s) for s in scheduler.sigmas]  # num_steps + 1 values, ending at 0
+
+    def transition(self, x, index, eta, cond, schedule, prev_sample=None, generator=None) -> StepResult:
+        sigma, sigma_next = schedule[index], schedule[index + 1]
+        inputs = torch.cat([x, x]) if self.cfg else x
+        timestep = torch.full((inputs.shape[0],), sigma * 1000.0, device=self.device)
+        velocity = self.trainable(
+            hidden_states=inputs.to(self.dtype), timestep=timestep, encoder_hidden_states=cond["embeds"],
+            pooled_projections=cond["pooled"], return_dict=False,
+        )[0]  # fmt: skip
+        return flow_sde_step(
+            self._guided(velocity),
+            x,
+            sigma,
+            sigma_next,
+            eta,
+            sigma_max=schedule[1],
+            prev_sample=prev_sample,
+            generator=generator,
+        )
+
+
+class SD15Adapter(_Adapter):
+    """StableDiffusionPipeline parts: a UNet predicting epsilon, DDIM with eta (DDPO's sampler)."""
+
+    pipeline_class, denoiser_name = "StableDiffusionPipeline", "unet"
+
+    @torch.no_grad()
+    def encode(self, prompts: list[str]) -> dict:
+        embeds, negative = self.pipeline.encode_prompt(
+            prompts,
+            self.device,
+            1,
+            self.cfg,
+            negative_prompt=[self.negative_prompt] * len(prompts) if self.cfg else None,
+        )
+        return {"embeds": torch.cat([negative, embeds]) if self.cfg else embeds}
+
+    def schedule(self, num_steps: int) -> list[float]:
+        scheduler = self.pipeline.scheduler
+        scheduler.set_timesteps(num_steps, device="cpu")
+        timesteps = [int(t) for t in scheduler.timesteps]
+        return timesteps + [-1]
+
+    def transition(self, x, index, eta, cond, schedule, prev_sample=None, generator=None) -> StepResult:
+        scheduler = self.pipeline.scheduler
+        t, t_prev = schedule[index], schedule[index + 1]
+        alpha = scheduler.alphas_cumprod[t].item()
+        alpha_prev = scheduler.alphas_cumprod[t_prev].item() if t_prev >= 0 else scheduler.final_alpha_cumprod.item()
+        inputs = torch.cat([x, x]) if self.cfg else x
+        timestep = torch.full((inputs.shape[0],), t, device=self.device)
+        eps = self.trainable(inputs.to(self.dtype), timestep, encoder_hidden_states=cond["embeds"], return_dict=False)[
+            0
+        ]
+        return ddim_step(self._guided(eps), x, alpha, alpha_prev, eta, prev_sample=prev_sample, generator=generator)
+
+    def latent_shape(self, height: int, width: int) -> tuple[int, int, int]:
+        factor = self.pipeline.vae_scale_factor
+        return self.trainable.config.in_channels, height // factor, width // factor
+
+
+FAMILIES = {"sd3": SD3Adapter, "sd15": SD15Adapter}
+
+
+def build_adapter(model_config, sampling_config, device: str = "cpu"):
+    cls = FAMILIES[model_config.family]
+    return cls(
+        model_config.path, device=device, dtype=model_config.dtype, lora=model_config.lora,
+        guidance_scale=sampling_config.guidance_scale, negative_prompt=sampling_config.negative_prompt,
+    )  # fmt: skip
+
+
+__all__ = ["FAMILIES", "SD3Adapter", "SD15Adapter", "build_adapter", "resolve_model_path"]

@@ -1,0 +1,48 @@
+"""One rollout: prompts expanded into groups -> denoising with log-probs on the trained steps -> decoded images.
+
+Returns, per trained step, the latents before and after (float32), the step index and the log-prob, so the
+train stack can re-evaluate each stored transition under the current weights.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from unirl_core.data.groups import RolloutSample
+from unirl_core.rollout.samplers import stochastic_steps
+
+
+@dataclass
+class Rollout:
+    samples: list[RolloutSample]
+    cond: dict  # conditioning of every sample (CFG halves when guidance is on)
+    schedule: list  # sigmas (flow) or timesteps (DDIM), num_steps + 1 values
+    steps: list[int]  # indices of the trained (stochastic) steps
+    latents_TB: torch.Tensor  # [T, B, C, h, w] float32, x before each trained step
+    next_latents_TB: torch.Tensor  # [T, B, C, h, w] float32, x after it
+    logp_TB: torch.Tensor  # [T, B] float32
+    images: list  # PIL images
+
+
+@torch.no_grad()
+def run_rollout(adapter, samples: list[RolloutSample], sampling, algorithm, seed: int) -> Rollout:
+    cond = adapter.encode([s.example.prompt for s in samples])
+    shape = adapter.latent_shape(sampling.height, sampling.width)
+    x = adapter.initial_noise([s.sample_id for s in samples], seed, shape).float()
+    schedule = adapter.schedule(sampling.num_inference_steps)
+    steps = stochastic_steps(sampling.num_inference_steps, algorithm.timestep_fraction)
+    before, after, logps = [], [], []
+    generator = torch.Generator(device=x.device).manual_seed(seed)
+    for index in range(sampling.num_inference_steps):
+        trained = index in steps
+        result = adapter.transition(x, index, algorithm.eta if trained else 0.0, cond, schedule, generator=generator)
+        if trained:
+            before.append(x)
+            after.append(result.sample)
+            logps.append(result.log_prob)
+        x = result.sample
+    return Rollout(
+        samples, cond, schedule, steps, torch.stack(before), torch.stack(after), torch.stack(logps), adapter.decode(x)
+    )

@@ -1,0 +1,90 @@
+"""The train stack: freeze pi_old, then `num_updates_per_batch` disjoint mini-batch updates, each a micro-batch
+accumulation loop, gradient clipping, a finite check and an optimizer step.
+
+`prepare` recomputes pi_old's log-probs under the current weights at exactly the micro-batch geometry used for
+training, so the first update's ratio is exactly 1 (the rollout's own log-probs come from a different batch shape).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from unirl_core.algorithms.losses import gaussian_kl, ppo_clip_loss
+
+
+class NonFiniteError(RuntimeError):
+    """A non-finite loss or gradient: the optimizer step is skipped and the run stops, naming step and samples."""
+
+
+class TrainStack:
+    def __init__(self, adapter, algorithm):
+        self.adapter, self.algorithm = adapter, algorithm
+        self.optimizer = torch.optim.AdamW(adapter.parameters(), lr=algorithm.learning_rate, weight_decay=0.0)
+
+    def _micro_batches(self, indices: torch.Tensor) -> list[torch.Tensor]:
+        return list(indices.split(self.algorithm.micro_batch_size))
+
+    def _mini_batches(self, batch_size: int) -> list[torch.Tensor]:
+        updates = self.algorithm.num_updates_per_batch
+        if batch_size % updates:
+            raise ValueError(f"{batch_size} samples do not split into num_updates_per_batch={updates} mini-batches")
+        return list(torch.arange(batch_size).split(batch_size // updates))
+
+    def _transition(self, rollout, t: int, index: torch.Tensor, cond: dict):
+        return self.adapter.transition(
+            rollout.latents_TB[t, index], rollout.steps[t], self.algorithm.eta, cond, rollout.schedule,
+            prev_sample=rollout.next_latents_TB[t, index],
+        )  # fmt: skip
+
+    @torch.no_grad()
+    def prepare(self, rollout) -> torch.Tensor:
+        """pi_old's log-probs [T, B], recomputed at the training geometry."""
+        logp_old = torch.empty_like(rollout.logp_TB)
+        for mini in self._mini_batches(rollout.logp_TB.shape[1]):
+            for micro in self._micro_batches(mini):
+                cond = self.adapter.select(rollout.cond, micro)
+                for t in range(len(rollout.steps)):
+                    logp_old[t, micro] = self._transition(rollout, t, micro, cond).log_prob
+        return logp_old
+
+    def train(self, rollout, advantages_B: torch.Tensor, step: int) -> dict[str, float]:
+        logp_old = self.prepare(rollout)
+        metrics: dict[str, list[float]] = {}
+        for mini in self._mini_batches(advantages_B.shape[0]):
+            self.optimizer.zero_grad(set_to_none=True)
+            micro_batches = self._micro_batches(mini)
+            for micro in micro_batches:
+                cond = self.adapter.select(rollout.cond, micro)
+                for t in range(len(rollout.steps)):
+                    result = self._transition(rollout, t, micro, cond)
+                    loss, info = ppo_clip_loss(
+                        result.log_prob, logp_old[t, micro], advantages_B[micro], self.algorithm.clip_range
+                    )
+                    if self.algorithm.beta > 0:
+                        with torch.no_grad(), self.adapter.reference():
+                            reference = self._transition(rollout, t, micro, cond)
+                        kl = gaussian_kl(result.mean, reference.mean, result.std).mean()
+                        loss = loss + self.algorithm.beta * kl
+                        info["kl"] = kl.detach()
+                    self._check_finite(loss, step, rollout, micro)
+                    (loss / (len(rollout.steps) * len(micro_batches))).backward()
+                    for key, value in info.items():
+                        metrics.setdefault(key, []).append(value.item())
+                    metrics.setdefault("loss", []).append(loss.item())
+            grad_norm = torch.nn.utils.clip_grad_norm_(self.adapter.parameters(), self.algorithm.max_grad_norm)
+            if not torch.isfinite(grad_norm):
+                self.optimizer.zero_grad(set_to_none=True)
+                raise NonFiniteError(f"step {step}: non-finite gradient norm; optimizer step skipped")
+            self.optimizer.step()
+            metrics.setdefault("grad_norm", []).append(grad_norm.item())
+        summary = {k: sum(v) / len(v) for k, v in metrics.items()}
+        summary["ratio_min"] = min(metrics["ratio_min"])
+        summary["ratio_max"] = max(metrics["ratio_max"])
+        summary["lr"] = self.optimizer.param_groups[0]["lr"]
+        return summary
+
+    @staticmethod
+    def _check_finite(loss, step, rollout, micro):
+        if not torch.isfinite(loss):
+            ids = [rollout.samples[i].sample_id for i in micro.tolist()]
+            raise NonFiniteError(f"step {step}: non-finite loss for samples {ids}; optimizer step skipped")
