@@ -5,26 +5,13 @@ from __future__ import annotations
 from prefect import task
 
 from tasks.progress import report
+from tasks.retries import retry_unless
 from unirl_core.config.ingest import IngestConfig
 from unirl_core.ingest import stages
 from unirl_core.ingest.download import ErrorBudgetExceeded
 from unirl_core.ingest.plan import IngestInputError, WorkUnit
 
-PERMANENT = (IngestInputError, ErrorBudgetExceeded)
-
-
-def is_transient(task, task_run, state) -> bool:
-    """Retry network, 5xx and S3 throttling errors (OSError, ConnectionError, TimeoutError); never a bad input,
-    an exceeded error budget or a settings conflict."""
-    try:
-        state.result()
-    except PERMANENT:
-        return False
-    except (OSError, ConnectionError, TimeoutError):
-        return True
-    except Exception:
-        return False
-    return False
+is_transient = retry_unless(IngestInputError, ErrorBudgetExceeded)
 
 
 @task(name="download_parquet", retries=3, retry_delay_seconds=[2, 10, 30], retry_condition_fn=is_transient)

@@ -6,22 +6,12 @@ from prefect import task
 from prefect.concurrency.sync import concurrency
 
 from tasks.progress import report
+from tasks.retries import retry_unless
 from unirl_core.config.precache import PrecacheConfig
 from unirl_core.precache import stages
 from unirl_core.precache.run import PrecacheError, resolve_device
 
-
-def is_transient(task, task_run, state) -> bool:
-    """Retry I/O trouble (OSError, ConnectionError, TimeoutError); never a bad config or a stale cache."""
-    try:
-        state.result()
-    except PrecacheError:
-        return False
-    except (OSError, ConnectionError, TimeoutError):
-        return True
-    except Exception:
-        return False
-    return False
+is_transient = retry_unless(PrecacheError)
 
 
 @task(name="plan-precache-tasks")

@@ -1,0 +1,21 @@
+"""Retry conditions for tasks: transient errors are retried, permanent ones fail at once."""
+
+from __future__ import annotations
+
+
+def retry_unless(*permanent: type[BaseException]):
+    """A Prefect `retry_condition_fn`: retry I/O trouble (OSError, ConnectionError, TimeoutError: network, 5xx,
+    S3 throttling); never the `permanent` errors (bad input, bad config) nor anything unexpected."""
+
+    def is_transient(task, task_run, state) -> bool:
+        try:
+            state.result()
+        except permanent:
+            return False
+        except (OSError, ConnectionError, TimeoutError):
+            return True
+        except Exception:
+            return False
+        return False
+
+    return is_transient
