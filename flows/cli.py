@@ -150,14 +150,7 @@ def ingest(
     set_: Annotated[list[str] | None, typer.Option("--set", "-s", help="Override: dotted.key=value.")] = None,
 ) -> None:
     """Run the ingest flow (parquet -> WebDataset shards) with a progress bar, then print the summary."""
-    from unirl_core.config import RecipeError, load_recipe
-
-    try:
-        config = load_recipe(recipe, set_ or []).ingest
-    except RecipeError as exc:
-        raise _fail(str(exc)) from None
-    if config is None:
-        raise _fail(f"error: recipe {recipe} has no `ingest` section")
+    config = _recipe_section(recipe, set_, "ingest")
     _patient_prefect_startup()
     from flows.ingest import ingest as ingest_flow
     from unirl_core.ingest.download import ErrorBudgetExceeded
@@ -183,17 +176,10 @@ def precache(
 ) -> None:
     """`unirl precache RECIPE`: run the precache flow (shards -> encoding shards) and print the summary.
     `unirl precache prompts FILE --recipe R`: fill the text-embedding cache for a prompt file."""
-    from unirl_core.config import RecipeError, load_recipe
-
     recipe_ref = recipe if target == "prompts" else target
     if recipe_ref is None or (target == "prompts" and prompts_file is None):
         raise _fail("error: usage: unirl precache RECIPE | unirl precache prompts PROMPTS_FILE --recipe RECIPE")
-    try:
-        config = load_recipe(recipe_ref, set_ or []).precache
-    except RecipeError as exc:
-        raise _fail(str(exc)) from None
-    if config is None:
-        raise _fail(f"error: recipe {recipe_ref} has no `precache` section")
+    config = _recipe_section(recipe_ref, set_, "precache")
     if target == "prompts":
         _precache_prompts(config, prompts_file, cache_dir)
         return
@@ -243,6 +229,19 @@ def _print_table(title: str, values: dict) -> None:
     for key, value in values.items():
         table.add_row(key, str(value))
     Console().print(table)
+
+
+def _recipe_section(recipe: str, overrides: list[str] | None, section: str):
+    """The typed `section` of a recipe, or exit 2 with every recipe error (or the missing section)."""
+    from unirl_core.config import RecipeError, load_recipe
+
+    try:
+        config = getattr(load_recipe(recipe, overrides or []), section)
+    except RecipeError as exc:
+        raise _fail(str(exc)) from None
+    if config is None:
+        raise _fail(f"error: recipe {recipe} has no `{section}` section")
+    return config
 
 
 def _rich_progress(label: str):

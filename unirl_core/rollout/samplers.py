@@ -40,6 +40,15 @@ def gaussian_log_prob(x: torch.Tensor, mean: torch.Tensor, std: torch.Tensor) ->
     return per_element.mean(dim=tuple(range(1, x.ndim)))
 
 
+def _gaussian_step(mean, std, prev_sample, generator) -> StepResult:
+    """Draw x_next ~ N(mean, std^2), or take the stored `prev_sample`, and its log-prob."""
+    if prev_sample is None:
+        noise = torch.randn(mean.shape, generator=generator, device=mean.device, dtype=torch.float32)
+        prev_sample = mean + std * noise
+    prev_sample = prev_sample.float()
+    return StepResult(prev_sample, gaussian_log_prob(prev_sample, mean, std), mean, std)
+
+
 def flow_sde_step(
     velocity: torch.Tensor,
     latents: torch.Tensor,
@@ -60,11 +69,7 @@ def flow_sde_step(
     std_t = eta * math.sqrt(sigma / max(denominator, 1e-8))
     mean = x * (1 + std_t**2 / (2 * sigma) * dt) + v * (1 + std_t**2 * (1 - sigma) / (2 * sigma)) * dt
     std = torch.tensor(std_t * math.sqrt(-dt), device=x.device, dtype=torch.float32)
-    if prev_sample is None:
-        noise = torch.randn(x.shape, generator=generator, device=x.device, dtype=torch.float32)
-        prev_sample = mean + std * noise
-    prev_sample = prev_sample.float()
-    return StepResult(prev_sample, gaussian_log_prob(prev_sample, mean, std), mean, std)
+    return _gaussian_step(mean, std, prev_sample, generator)
 
 
 def ddim_step(
@@ -86,11 +91,7 @@ def ddim_step(
     std = torch.tensor(std_value, device=x.device, dtype=torch.float32)
     if eta == 0 or std_value == 0:
         return StepResult(mean, None, mean, std)
-    if prev_sample is None:
-        noise = torch.randn(x.shape, generator=generator, device=x.device, dtype=torch.float32)
-        prev_sample = mean + std * noise
-    prev_sample = prev_sample.float()
-    return StepResult(prev_sample, gaussian_log_prob(prev_sample, mean, std), mean, std)
+    return _gaussian_step(mean, std, prev_sample, generator)
 
 
 def stochastic_steps(
