@@ -179,10 +179,10 @@ def precache(
     recipe_ref = recipe if target == "prompts" else target
     if recipe_ref is None or (target == "prompts" and prompts_file is None):
         raise _fail("error: usage: unirl precache RECIPE | unirl precache prompts PROMPTS_FILE --recipe RECIPE")
-    config = _recipe_section(recipe_ref, set_, "precache")
     if target == "prompts":
-        _precache_prompts(config, prompts_file, cache_dir)
+        _precache_prompts(_recipe(recipe_ref, set_), prompts_file, cache_dir)
         return
+    config = _recipe_section(recipe_ref, set_, "precache")
     _patient_prefect_startup()
     from flows.precache import precache as precache_flow
     from unirl_core.precache.run import PrecacheError
@@ -195,29 +195,98 @@ def precache(
     _print_table(f"precache: {summary['output']}", summary)
 
 
-def _precache_prompts(config, prompts_file: str, cache_dir: str | None) -> None:
+TRAIN_COLUMNS = {  # metric -> (header, format)
+    "step": ("step", "{:>4d}"),
+    "reward_mean": ("reward", "{:>9.4f}"),
+    "reward_std": ("+-std", "{:>7.4f}"),
+    "zero_std_ratio": ("zero_std", "{:>8.2f}"),
+    "ratio_max": ("ratio_max", "{:>9.4f}"),
+    "clip_fraction": ("clipped", "{:>7.3f}"),
+    "approx_kl": ("approx_kl", "{:>9.2e}"),
+    "grad_norm": ("grad_norm", "{:>9.2e}"),
+    "lr": ("lr", "{:>8.2e}"),
+    "images_per_s": ("img/s", "{:>6.1f}"),
+}
 
+
+@app.command()
+def train(
+    recipe: Annotated[str, typer.Argument(help="A recipe with a `train` section (file or packaged name).")],
+    local: Annotated[
+        bool, typer.Option("--local", help="Run in this process, without Ray or Prefect (the single-process runner).")
+    ] = False,
+    steps: Annotated[int | None, typer.Option(help="RL steps (default: the recipe's train.steps).", min=1)] = None,
+    device: Annotated[str, typer.Option(help="Torch device: cpu, cuda, cuda:1 ...")] = "cpu",
+    set_: Annotated[list[str] | None, typer.Option("--set", "-s", help="Override: dotted.key=value.")] = None,
+) -> None:
+    """Train with GRPO. `--local`: N steps in this process, one line of metrics per step, sample grids of the first
+    and last rollouts under the recipe's output folder."""
+    config = _recipe_section(recipe, set_, "train")
+    if not local:
+        raise _fail("error: distributed training rounds (Ray + Prefect) are not available yet; run with --local")
+    _quiet_model_libraries()
+    from unirl_core.io.storage import join
+    from unirl_core.train.local import iter_local
+
+    total = steps or config.steps
+    typer.echo(
+        f"training {config.model.family} ({config.model.path}) for {total} steps: "
+        f"{config.data.prompts_per_rollout} prompts x {config.sampling.samples_per_prompt} samples, "
+        f"rewards {config.reward.weights}"
+    )
+    typer.echo("  ".join(f"{header:>{len(fmt.format(0))}}" for header, fmt in TRAIN_COLUMNS.values()))
+    rewards, grids = [], []
+    for metrics in iter_local(config, total, device, samples_dir=join(config.output_dir, "samples")):
+        rewards.append(metrics["reward_mean"])
+        grids += [metrics["samples_path"]] if "samples_path" in metrics else []
+        typer.echo("  ".join(fmt.format(metrics.get(key, float("nan"))) for key, (_, fmt) in TRAIN_COLUMNS.items()))
+    window = max(1, min(4, len(rewards) // 2))
+    first, last = sum(rewards[:window]) / window, sum(rewards[-window:]) / window
+    typer.echo(f"reward: first {window} steps {first:.4f} -> last {window} steps {last:.4f} ({last - first:+.4f})")
+    for grid in grids:
+        typer.echo(f"samples: {grid}")
+
+
+def _precache_prompts(recipe, prompts_file: str, cache_dir: str | None) -> None:
+    """Fill the text-embedding cache for every prompt of a file: the precache section's text encodings, and the
+    train section's model conditioning (what `train.model.text_embedding_cache` reads)."""
     from unirl_core.data.prompts import PromptDataError, load_prompts
-    from unirl_core.precache.prompt_cache import CachedTextEncoder
-    from unirl_core.precache.run import DTYPES, resolve_device
     from unirl_core.workspace import workspace as current
 
-    specs = [e for e in config.encodings if e.modality == "text"]
-    if not specs:
-        raise _fail("error: the recipe's precache.encodings has no text encoding to cache prompts for")
+    config, train = recipe.precache, recipe.train
+    specs = [e for e in config.encodings if e.modality == "text"] if config else []
+    if not specs and train is None:
+        raise _fail("error: the recipe has neither precache text encodings nor a train section to cache prompts for")
     try:
         prompts = sorted({e.prompt for e in load_prompts(prompts_file)})
     except PromptDataError as exc:
         raise _fail(f"error: {exc}") from None
     root = cache_dir or str(current().root / "cache" / "text-embeddings")
-    device, dtype = resolve_device(config.device), DTYPES[config.dtype]
-    for spec in specs:
-        cached = CachedTextEncoder(spec, root, device, dtype)
-        for start in range(0, len(prompts), config.batch_size_per_GPU):
-            cached.embed(prompts[start : start + config.batch_size_per_GPU])
+    if specs:
+        from unirl_core.precache.prompt_cache import CachedTextEncoder
+        from unirl_core.precache.run import DTYPES, resolve_device
+
+        device, dtype = resolve_device(config.device), DTYPES[config.dtype]
+        for spec in specs:
+            cached = CachedTextEncoder(spec, root, device, dtype)
+            for start in range(0, len(prompts), config.batch_size_per_GPU):
+                cached.embed(prompts[start : start + config.batch_size_per_GPU])
+            typer.echo(
+                f"{spec.key}: {len(prompts)} prompts, {cached.hits} cached already, {cached.misses} computed -> "
+                f"{cached.cache.folder}"
+            )
+    if train is not None:
+        _quiet_model_libraries()
+        from unirl_core.models.adapters import build_adapter
+
+        adapter = build_adapter(train.model.model_copy(update={"lora": None}), train.sampling)
+        adapter.attach_text_cache(cache_dir or train.model.text_embedding_cache or root)
+        texts = [*prompts, train.sampling.negative_prompt]
+        for start in range(0, len(texts), 32):
+            adapter.embed_texts(texts[start : start + 32])
         typer.echo(
-            f"{spec.key}: {len(prompts)} prompts, {cached.hits} cached already, {cached.misses} computed -> "
-            f"{cached.cache.folder}"
+            f"train.model ({train.model.family}): {len(set(texts))} texts, {adapter.text_cache_hits} cached already, "
+            f"{adapter.text_cache_misses} computed -> {adapter.text_cache.folder}"
         )
 
 
@@ -229,6 +298,16 @@ def _print_table(title: str, values: dict) -> None:
     for key, value in values.items():
         table.add_row(key, str(value))
     Console().print(table)
+
+
+def _recipe(recipe: str, overrides: list[str] | None):
+    """The whole typed recipe, or exit 2 with every recipe error."""
+    from unirl_core.config import RecipeError, load_recipe
+
+    try:
+        return load_recipe(recipe, overrides or [])
+    except RecipeError as exc:
+        raise _fail(str(exc)) from None
 
 
 def _recipe_section(recipe: str, overrides: list[str] | None, section: str):

@@ -22,7 +22,7 @@ def test_validate_prints_resolved_yaml():
     assert result.exit_code == 0, result.output
     resolved = yaml.safe_load(result.stdout)
     assert resolved["train"]["sampling"]["height"] == 64
-    assert resolved["train"]["data"]["prompts_per_rollout"] == 4
+    assert resolved["train"]["data"]["prompts_per_rollout"] == 2
 
 
 def test_validate_reports_every_error_and_exits_2():

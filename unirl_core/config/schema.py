@@ -91,6 +91,10 @@ class SamplingConfig(StrictModel):
     negative_prompt: str = ""
     """Negative prompt used for every sample when guidance is on; empty means the unconditional embedding."""
 
+    condition_strength: Annotated[float, Field(gt=0, le=1)] = 0.7
+    """Image-to-image (prompts with an image `condition` in `media_refs`): the fraction of the denoising steps run,
+    starting from the condition image's noised latent (diffusers' `strength`; 1.0 starts from pure noise)."""
+
     seed: Seed = 0
     """Base seed of the initial noise; each sample's noise derives from (seed, step, sample index)."""
 
@@ -123,6 +127,16 @@ class ModelConfig(StrictModel):
     lora: LoraConfig | None = LoraConfig()
     """LoRA settings; empty (null) means full fine-tuning of the denoiser."""
 
+    text_embedding_cache: str | None = None
+    """Folder of the text-embedding cache (e.g. `.unirl/cache/text-embeddings`, or an fsspec URL): prompt
+    conditioning is read from it and misses are computed and written back, keyed by the text encoders' weights.
+    `unirl precache prompts FILE --recipe R` fills it ahead of a run. Empty: encode every rollout."""
+
+    @field_validator("text_embedding_cache", mode="before")
+    @classmethod
+    def _empty_is_unset(cls, value: Any) -> Any:
+        return None if value == "" else value
+
 
 class AlgorithmConfig(StrictModel):
     """GRPO with PPO-clip on per-step log-probs (Flow-GRPO / DDPO)."""
@@ -139,14 +153,29 @@ class AlgorithmConfig(StrictModel):
     adv_clip: Annotated[float, Field(gt=0)] = 5.0
     """Advantages are clipped to [-adv_clip, adv_clip]."""
 
-    std_mode: Literal["group", "batch"] = "group"
-    """Advantage normalization: per-group std, or one batch-wide std."""
+    std_mode: Literal["group", "batch", "per_prompt"] = "group"
+    """Advantage normalization: `group` (GRPO: each group's mean and std), `batch` (group mean, one batch-wide std:
+    steadier when rewards within a group are nearly equal), or `per_prompt` (DDPO's tracker: each prompt's recent
+    rewards, see `tracker_buffer_size` and `tracker_min_count`)."""
+
+    tracker_buffer_size: Annotated[Count, Field(ge=1)] = 32
+    """`per_prompt`: rewards remembered per prompt."""
+
+    tracker_min_count: Annotated[Count, Field(ge=1)] = 16
+    """`per_prompt`: until a prompt has this many rewards, the batch's mean and std are used."""
 
     beta: Annotated[float, Field(ge=0)] = 0.0
     """KL weight to the reference policy (0: no KL term)."""
 
     learning_rate: Annotated[float, Field(gt=0)] = 3e-4
     """AdamW learning rate."""
+
+    lr_schedule: Literal["constant", "cosine"] = "constant"
+    """Learning-rate schedule over the run's optimizer steps: `constant`, or `cosine` decay to zero (after the
+    warm-up). Cosine keeps a converged policy from random-walking at full step size once reward variance is small."""
+
+    warmup_steps: Annotated[Count, Field(ge=0)] = 0
+    """Optimizer steps of linear warm-up from 0 to `learning_rate`."""
 
     max_grad_norm: Annotated[float, Field(gt=0)] = 1.0
     """Gradient clipping norm."""
@@ -158,14 +187,139 @@ class AlgorithmConfig(StrictModel):
     """Samples per forward/backward inside a mini-batch (gradient accumulation)."""
 
 
+class ClipRewardConfig(StrictModel):
+    """Settings of the `clip_score` reward: 100 x cosine(CLIP image embedding, CLIP prompt embedding)."""
+
+    model_path: str | None = None
+    """Local folder of a transformers CLIP checkpoint (`CLIPModel` weights, tokenizer, image processor), e.g. a
+    `save_pretrained` copy of openai/clip-vit-large-patch14. Loaded offline, once per process. Recipes usually read
+    it from `${env:CLIP_PATH}`."""
+
+    batch_size: Annotated[Count, Field(ge=1)] = 32
+    """Per rank: images (and prompts) per CLIP forward."""
+
+    @field_validator("model_path", mode="before")
+    @classmethod
+    def _empty_is_unset(cls, value: Any) -> Any:
+        return None if value == "" else value
+
+
+class AestheticRewardConfig(StrictModel):
+    """Settings of the `aesthetic` reward: LAION's aesthetic predictor head on a CLIP image embedding."""
+
+    clip_model_path: str | None = None
+    """Local CLIP folder (as `clip.model_path`) whose image embedding the head was trained on: ViT-L/14 for the
+    public LAION head. Shared with `clip_score` when both name the same folder."""
+
+    head_path: str | None = None
+    """The head's `.safetensors` file (pickle is refused); key layout and how to convert the public LAION `.pth`
+    in unirl_core/rewards/aesthetic.py."""
+
+    batch_size: Annotated[Count, Field(ge=1)] = 32
+    """Per rank: images per CLIP forward."""
+
+    @field_validator("clip_model_path", "head_path", mode="before")
+    @classmethod
+    def _empty_is_unset(cls, value: Any) -> Any:
+        return None if value == "" else value
+
+
+class RemoteScorerConfig(StrictModel):
+    """A reward served over HTTP (JSON contract in unirl_core/rewards/remote.py); its key in `remote` is its name."""
+
+    url: str
+    """Endpoint the batches are POSTed to, `http://` or `https://`, e.g. `http://scorer:8000/score`."""
+
+    connect_timeout_s: Annotated[float, Field(gt=0)] = 5.0
+    """Seconds to wait for a connection; a failed connection is retried."""
+
+    read_timeout_s: Annotated[float, Field(gt=0)] = 120.0
+    """Seconds to wait for the scores of one batch; a read timeout is not retried (the server is busy)."""
+
+    retries: Annotated[Count, Field(ge=0)] = 3
+    """Retries of a batch after a connection error or HTTP 429/500/502/503/504."""
+
+    backoff_s: Annotated[float, Field(ge=0)] = 1.0
+    """Backoff between retries: none before the 1st, then backoff_s x 2, x 4, ... seconds (at most 120)."""
+
+    batch_size: Annotated[Count, Field(ge=1)] = 16
+    """Per rank: images per request."""
+
+    auth_header: str = "Authorization"
+    """Name of the header that carries the credential, when `auth_header_env` is set."""
+
+    auth_header_env: str | None = None
+    """NAME of the environment variable holding the header's value (e.g. `SCORER_TOKEN`, holding `Bearer ...`);
+    never the secret itself. Empty: no auth header."""
+
+    @field_validator("auth_header_env", mode="before")
+    @classmethod
+    def _empty_is_unset(cls, value: Any) -> Any:
+        return None if value == "" else value
+
+    def problems(self) -> Iterator[Problem]:
+        if not self.url.startswith(("http://", "https://")):
+            yield "url", self.url, "an http:// or https:// URL"
+        name = self.auth_header_env
+        if name is not None and not (name.isascii() and name.isidentifier()):  # letters, digits, _; no leading digit
+            yield (
+                "auth_header_env",
+                "<hidden>",  # it may be the secret pasted by mistake: never echo it
+                "the NAME of an environment variable (letters, digits, _), not the secret: export the value there",
+            )
+
+
 class RewardConfig(StrictModel):
-    """How images are scored."""
+    """How images are scored: a weighted sum of named rewards, plus guards that are scored but not trained on.
+
+    Names: the weight-free ones (unirl_core/rewards/functions.py), `clip_score` (needs `clip`), `aesthetic` (needs
+    `aesthetic`), and every key of `remote`."""
 
     weights: dict[str, float] = {"jpeg_compressibility": 1.0}
-    """Reward name -> weight in the total (see unirl_core/rewards/functions.py for the names)."""
+    """Reward name -> weight in the total reward."""
 
     guards: list[str] = ["brightness", "edge_density"]
     """Rewards scored and logged but not trained on (watch for reward hacking)."""
+
+    clip: ClipRewardConfig | None = None
+    """The CLIP model of `clip_score`; required when `clip_score` is weighted or a guard."""
+
+    aesthetic: AestheticRewardConfig | None = None
+    """The CLIP and head of `aesthetic`; required when `aesthetic` is weighted or a guard."""
+
+    remote: dict[str, RemoteScorerConfig] = {}
+    """Remote scorers by reward name: each key can be weighted or guarded like a built-in reward."""
+
+    def problems(self) -> Iterator[Problem]:
+        from unirl_core.rewards.registry import builtin_names
+
+        yield from super().problems()
+        builtins = builtin_names()
+        known = sorted(builtins | set(self.remote))
+        if not self.weights:
+            yield "weights", {}, "at least one weighted reward, e.g. {jpeg_compressibility: 1.0}"
+        for field, names in (("weights", list(self.weights)), ("guards", self.guards)):
+            for name in names:
+                if name not in known:
+                    yield f"{field}.{name}", name, f"an unknown reward: choose one of {known} or add remote.{name}"
+        yield from self._missing_model_paths()
+        for name, remote in self.remote.items():
+            if name in builtins:
+                yield f"remote.{name}", name, "a built-in reward's name: give the remote scorer another name"
+            for path, value, message in remote.problems():
+                yield f"remote.{name}.{path}", value, message
+
+    def _missing_model_paths(self) -> Iterator[Problem]:
+        used = set(self.weights) | set(self.guards)
+        clip, aesthetic = self.clip or ClipRewardConfig(), self.aesthetic or AestheticRewardConfig()
+        required = [
+            ("clip_score", "clip.model_path", clip.model_path, "a local CLIP folder (or drop clip_score)"),
+            ("aesthetic", "aesthetic.clip_model_path", aesthetic.clip_model_path, "a local CLIP ViT-L/14 folder"),
+            ("aesthetic", "aesthetic.head_path", aesthetic.head_path, "the head's .safetensors file"),
+        ]
+        for name, path, value, what in required:
+            if name in used and not value:
+                yield path, value, f"{name} is weighted or a guard, so set train.reward.{path} to {what}"
 
 
 class TrainConfig(StrictModel):

@@ -73,7 +73,7 @@ def process_image(data: bytes, options: ImageOptions) -> StoredImage:
 
 
 def _process(data: bytes, options: ImageOptions) -> StoredImage:
-    image = _open(data, options.max_pixels)
+    image = open_image(data, options.max_pixels)
     orientation = image.getexif().get(ORIENTATION_TAG, 1) if image.format in ("JPEG", "WEBP", "PNG", "TIFF") else 1
     width, height = image.size
     if orientation in (5, 6, 7, 8):
@@ -99,7 +99,8 @@ def _process(data: bytes, options: ImageOptions) -> StoredImage:
     return StoredImage(stored, *image.size, width, height, hashlib.sha256(stored).hexdigest(), reencoded=True)
 
 
-def _open(data: bytes, max_pixels: int) -> Image.Image:
+def open_image(data: bytes, max_pixels: int) -> Image.Image:
+    """Open untrusted image bytes: known formats only, pixel cap before decoding; SkipSample with the reason."""
     if not data:
         raise SkipSample("decode_error", "empty body")
     try:

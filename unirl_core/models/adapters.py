@@ -5,6 +5,7 @@ stack serve every family (Flow-GRPO copies a trainer per model; we do not).
     adapter.initial_noise(sample_ids, seed, shape)  -> float32 latents, bit-identical for a (seed, sample id)
     adapter.transition(x, i, eta, cond, prev=None)  -> StepResult of denoising step i (log-prob when stochastic)
     adapter.decode(latents)                          -> PIL images (VAE decode in chunks)
+    adapter.encode_images(images), adapter.noised()  -> image-to-image starts from a condition image
     adapter.trainable / adapter.reference()          -> the trained module; a context with the adapter disabled
 
 Adding a family (Flux, Qwen-Image, Wan) = one adapter class here (or in its own file) registered in FAMILIES,
@@ -57,7 +58,7 @@ class _Adapter:
         import diffusers
 
         pipeline = getattr(diffusers, self.pipeline_class).from_pretrained(
-            resolve_model_path(path), torch_dtype=DTYPES[dtype]
+            resolve_model_path(path), dtype=DTYPES[dtype]
         )
         self.pipeline = pipeline.to(device)
         self.pipeline.set_progress_bar_config(disable=True)
@@ -67,6 +68,7 @@ class _Adapter:
         for module in pipeline.components.values():
             if isinstance(module, torch.nn.Module):
                 module.requires_grad_(False)
+        self.text_cache, self.text_cache_hits, self.text_cache_misses = None, 0, 0
         self.has_lora = lora is not None
         if lora is not None:
             from peft import LoraConfig
@@ -80,6 +82,50 @@ class _Adapter:
             self.trainable.add_adapter(config)
         else:
             self.trainable.requires_grad_(True)
+
+    def attach_text_cache(self, root: str) -> None:
+        """Read prompt conditioning through the text-embedding cache at `root` (misses are computed and written)."""
+        from unirl_core.precache.prompt_cache import PromptEmbeddingCache
+
+        self.text_cache = PromptEmbeddingCache(root, self.text_identity())
+
+    def text_identity(self) -> dict:
+        """What the conditioning depends on: the family and a fingerprint of every text encoder's weights."""
+        digest = hashlib.sha256()
+        for name, module in sorted(self.pipeline.components.items()):
+            if name.startswith("text_encoder") and isinstance(module, torch.nn.Module):
+                for key, tensor in sorted(module.state_dict().items()):
+                    digest.update(f"{name}.{key}".encode())
+                    digest.update(tensor.detach().cpu().contiguous().view(torch.uint8).numpy().tobytes())
+        return {"adapter": type(self).__name__, "text_encoders": digest.hexdigest()[:16], "dtype": str(self.dtype)}
+
+    @torch.no_grad()
+    def embed_texts(self, texts: list[str]) -> dict[str, dict[str, torch.Tensor]]:
+        """Each distinct text's conditioning (unbatched tensors), through the cache when one is attached."""
+        distinct = list(dict.fromkeys(texts))
+        found = {t: self.text_cache.get(t) for t in distinct} if self.text_cache else {t: None for t in distinct}
+        missing = [t for t, entry in found.items() if entry is None]
+        if missing:
+            computed = self.encode_texts(missing)
+            for i, text in enumerate(missing):
+                found[text] = {k: v[i].detach().cpu().contiguous() for k, v in computed.items()}
+                if self.text_cache:
+                    self.text_cache.put(text, found[text])
+                    self.text_cache_misses += 1
+        if self.text_cache:
+            self.text_cache_hits += len(distinct) - len(missing)
+        return found
+
+    def encode(self, prompts: list[str]) -> dict:
+        """Conditioning of a batch (with the negative prompt's first, as [negative, positive], when CFG is on).
+        Each distinct text is encoded once."""
+        texts = [*prompts, self.negative_prompt] if self.cfg else list(prompts)
+        table = self.embed_texts(texts)
+        positive = {k: torch.stack([table[p][k] for p in prompts]) for k in table[prompts[0]]}
+        if self.cfg:
+            negative = table[self.negative_prompt]
+            positive = {k: torch.cat([negative[k].expand_as(v), v]) for k, v in positive.items()}
+        return {k: v.to(self.device) for k, v in positive.items()}
 
     @property
     def cfg(self) -> bool:
@@ -119,6 +165,16 @@ class _Adapter:
             images += self.pipeline.image_processor.postprocess(decoded, output_type="pil")
         return images
 
+    @torch.no_grad()
+    def encode_images(self, images) -> torch.Tensor:
+        """PIL images -> scaled VAE latents (the posterior mean), float32: the inverse of `decode`."""
+        vae = self.pipeline.vae
+        pixels = self.pipeline.image_processor.preprocess(images).to(self.device, vae.dtype)
+        latents = vae.encode(pixels).latent_dist.mean.float()
+        if getattr(vae.config, "shift_factor", None) is not None:
+            latents = latents - vae.config.shift_factor
+        return latents * vae.config.scaling_factor
+
     def select(self, cond: dict, index: torch.Tensor) -> dict:
         """The conditioning of a subset of samples (both CFG halves, kept in [negative, positive] order)."""
         if not self.cfg:
@@ -139,19 +195,21 @@ class SD3Adapter(_Adapter):
     pipeline_class, denoiser_name = "StableDiffusion3Pipeline", "transformer"
 
     @torch.no_grad()
-    def encode(self, prompts: list[str]) -> dict:
-        embeds, negative, pooled, negative_pooled = self.pipeline.encode_prompt(
-            prompt=prompts, prompt_2=None, prompt_3=None, do_classifier_free_guidance=self.cfg,
-            negative_prompt=[self.negative_prompt] * len(prompts) if self.cfg else None, device=self.device,
-        )  # fmt: skip
-        if self.cfg:
-            return {"embeds": torch.cat([negative, embeds]), "pooled": torch.cat([negative_pooled, pooled])}
+    def encode_texts(self, texts: list[str]) -> dict:
+        embeds, _, pooled, _ = self.pipeline.encode_prompt(
+            prompt=texts, prompt_2=None, prompt_3=None, do_classifier_free_guidance=False, device=self.device
+        )
         return {"embeds": embeds, "pooled": pooled}
 
     def schedule(self, num_steps: int) -> list[float]:
         scheduler = self.pipeline.scheduler
         scheduler.set_timesteps(num_steps, device="cpu")
         return [float(s) for s in scheduler.sigmas]  # num_steps + 1 values, ending at 0
+
+    def noised(self, clean: torch.Tensor, noise: torch.Tensor, index: int, schedule) -> torch.Tensor:
+        """x at step `index` of the schedule from a clean latent (image-to-image start): (1 - s) x0 + s noise."""
+        sigma = schedule[index]
+        return (1 - sigma) * clean + sigma * noise
 
     def transition(self, x, index, eta, cond, schedule, prev_sample=None, generator=None) -> StepResult:
         sigma, sigma_next = schedule[index], schedule[index + 1]
@@ -179,21 +237,20 @@ class SD15Adapter(_Adapter):
     pipeline_class, denoiser_name = "StableDiffusionPipeline", "unet"
 
     @torch.no_grad()
-    def encode(self, prompts: list[str]) -> dict:
-        embeds, negative = self.pipeline.encode_prompt(
-            prompts,
-            self.device,
-            1,
-            self.cfg,
-            negative_prompt=[self.negative_prompt] * len(prompts) if self.cfg else None,
-        )
-        return {"embeds": torch.cat([negative, embeds]) if self.cfg else embeds}
+    def encode_texts(self, texts: list[str]) -> dict:
+        embeds, _ = self.pipeline.encode_prompt(texts, self.device, 1, False)
+        return {"embeds": embeds}
 
     def schedule(self, num_steps: int) -> list[float]:
         scheduler = self.pipeline.scheduler
         scheduler.set_timesteps(num_steps, device="cpu")
         timesteps = [int(t) for t in scheduler.timesteps]
         return timesteps + [-1]
+
+    def noised(self, clean: torch.Tensor, noise: torch.Tensor, index: int, schedule) -> torch.Tensor:
+        """x at step `index` from a clean latent (image-to-image start): sqrt(a_t) x0 + sqrt(1 - a_t) noise."""
+        alpha = self.pipeline.scheduler.alphas_cumprod[schedule[index]].item()
+        return alpha**0.5 * clean + (1 - alpha) ** 0.5 * noise
 
     def transition(self, x, index, eta, cond, schedule, prev_sample=None, generator=None) -> StepResult:
         scheduler = self.pipeline.scheduler
@@ -217,10 +274,13 @@ FAMILIES = {"sd3": SD3Adapter, "sd15": SD15Adapter}
 
 def build_adapter(model_config, sampling_config, device: str = "cpu"):
     cls = FAMILIES[model_config.family]
-    return cls(
+    adapter = cls(
         model_config.path, device=device, dtype=model_config.dtype, lora=model_config.lora,
         guidance_scale=sampling_config.guidance_scale, negative_prompt=sampling_config.negative_prompt,
     )  # fmt: skip
+    if model_config.text_embedding_cache:
+        adapter.attach_text_cache(model_config.text_embedding_cache)
+    return adapter
 
 
 __all__ = ["FAMILIES", "SD3Adapter", "SD15Adapter", "build_adapter", "resolve_model_path"]

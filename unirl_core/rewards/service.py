@@ -2,40 +2,60 @@
 
 A NaN, infinite or missing score stops the step with the sample ids: a trainer must never learn from it.
 Components are returned separately (for per-component metrics and guard statistics) with the weighted total.
+Names come from registry.py: the weight-free rewards, `clip_score`, `aesthetic`, and each `remote` scorer's key.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from typing import TYPE_CHECKING
 
 import numpy as np
 from PIL import Image
 
+from unirl_core.rewards.errors import RewardError, ScorerUnavailableError
 from unirl_core.rewards.functions import REWARDS
+from unirl_core.rewards.registry import Scorer, build_scorers
+
+if TYPE_CHECKING:
+    from unirl_core.config.schema import RewardConfig
+
+__all__ = ["RewardError", "RewardService", "ScorerUnavailableError"]
 
 
-class RewardError(ValueError):
-    """A reward that must not be trained on (non-finite or missing), naming the samples."""
+def _ignoring_ids(reward):
+    return lambda images, prompts, sample_ids: reward(images, prompts)
 
 
 class RewardService:
-    """`weights`: reward name -> weight in the total; `guards`: names scored and reported, weight 0."""
+    """`weights`: reward name -> weight in the total; `guards`: names scored and reported, weight 0.
 
-    def __init__(self, weights: Mapping[str, float], guards: Sequence[str] = ()):
-        unknown = sorted((set(weights) | set(guards)) - set(REWARDS))
+    `scorers` adds rewards by name (model and remote rewards, built by `from_config`) to the weight-free ones."""
+
+    def __init__(
+        self, weights: Mapping[str, float], guards: Sequence[str] = (), scorers: Mapping[str, Scorer] | None = None
+    ):
+        available = {name: _ignoring_ids(fn) for name, fn in REWARDS.items()} | dict(scorers or {})
+        unknown = sorted((set(weights) | set(guards)) - set(available))
         if unknown:
-            raise ValueError(f"unknown reward(s) {unknown}; registered: {sorted(REWARDS)}")
+            raise ValueError(f"unknown reward(s) {unknown}; registered: {sorted(available)}")
         if not weights:
             raise ValueError("at least one weighted reward is needed")
         self.weights, self.guards = dict(weights), [g for g in guards if g not in weights]
+        self.scorers = {name: available[name] for name in [*self.weights, *self.guards]}
+
+    @classmethod
+    def from_config(cls, config: RewardConfig, device: str = "cpu") -> RewardService:
+        """The service a recipe's `train.reward` describes; model rewards load on `device` (once per process)."""
+        return cls(config.weights, config.guards, build_scorers(config, device))
 
     def score(
         self, images: Sequence[Image.Image], prompts: Sequence[str], sample_ids: Sequence[str]
     ) -> dict[str, np.ndarray]:
         """{"total": [B], each component: [B]}; RewardError names the samples of any bad score."""
         components = {}
-        for name in [*self.weights, *self.guards]:
-            scores = np.asarray(REWARDS[name](images, prompts), dtype=np.float64)
+        for name, scorer in self.scorers.items():
+            scores = np.asarray(scorer(images, prompts, sample_ids), dtype=np.float64)
             if scores.shape != (len(images),):
                 raise RewardError(
                     f"reward {name} returned {scores.shape[0] if scores.ndim else 0} scores for {len(images)} samples"

@@ -11,6 +11,7 @@ from dataclasses import dataclass
 import torch
 
 from unirl_core.data.groups import RolloutSample
+from unirl_core.rollout.conditions import ConditionLatents, condition_uri
 from unirl_core.rollout.samplers import stochastic_steps
 
 
@@ -26,16 +27,36 @@ class Rollout:
     images: list  # PIL images
 
 
+def start_step(num_steps: int, strength: float) -> int:
+    """The first denoising step of an image-to-image rollout (diffusers' `strength`: the fraction of steps run)."""
+    return num_steps - max(1, min(num_steps, int(num_steps * strength)))
+
+
 @torch.no_grad()
-def run_rollout(adapter, samples: list[RolloutSample], sampling, algorithm, seed: int) -> Rollout:
+def run_rollout(adapter, samples: list[RolloutSample], sampling, algorithm, seed: int, conditions=None) -> Rollout:
+    """Denoise `samples` from their initial noise; prompts with a condition image start image-to-image at
+    `start_step` (a batch is all text-to-image or all image-to-image). `conditions`: a ConditionLatents."""
     cond = adapter.encode([s.example.prompt for s in samples])
     shape = adapter.latent_shape(sampling.height, sampling.width)
     x = adapter.initial_noise([s.sample_id for s in samples], seed, shape).float()
     schedule = adapter.schedule(sampling.num_inference_steps)
-    steps = stochastic_steps(sampling.num_inference_steps, algorithm.timestep_fraction)
+    uris = [condition_uri(s) for s in samples]
+    start = 0
+    if any(uris):
+        if not all(uris):
+            plain = next(s.example.prompt_id for s, uri in zip(samples, uris, strict=True) if uri is None)
+            raise ValueError(
+                f"a rollout batch mixes prompts with and without condition images (e.g. prompt {plain}); "
+                "put image-to-image prompts in their own prompt file"
+            )
+        conditions = conditions or ConditionLatents(adapter)
+        start = start_step(sampling.num_inference_steps, sampling.condition_strength)
+        clean = conditions(uris, sampling.width, sampling.height)
+        x = adapter.noised(clean, x, start, schedule).float()
+    steps = [start + i for i in stochastic_steps(sampling.num_inference_steps - start, algorithm.timestep_fraction)]
     before, after, logps = [], [], []
     generator = torch.Generator(device=x.device).manual_seed(seed)
-    for index in range(sampling.num_inference_steps):
+    for index in range(start, sampling.num_inference_steps):
         trained = index in steps
         result = adapter.transition(x, index, algorithm.eta if trained else 0.0, cond, schedule, generator=generator)
         if trained:

@@ -11,7 +11,7 @@ from collections.abc import Callable, Iterator
 import numpy as np
 import torch
 
-from unirl_core.algorithms.advantages import group_advantages
+from unirl_core.algorithms.advantages import PerPromptStatTracker, group_advantages
 from unirl_core.config.schema import TrainConfig
 from unirl_core.data.groups import expand_groups
 from unirl_core.data.sources import build_source
@@ -28,23 +28,57 @@ def run_local(
     return list(iter_local(config, steps, device, on_step))
 
 
-def iter_local(config: TrainConfig, steps: int | None = None, device: str = "cpu", on_step=None) -> Iterator[dict]:
+def save_grid(images, path: str, group: int) -> str:
+    """One PNG of a rollout's images, one row per prompt group (atomic write)."""
+    import io
+
+    from diffusers.utils import make_image_grid
+
+    from unirl_core.io.storage import write_bytes_atomic
+
+    buffer = io.BytesIO()
+    make_image_grid(list(images), rows=len(images) // group, cols=group).save(buffer, format="PNG")
+    write_bytes_atomic(path, buffer.getvalue())
+    return path
+
+
+def compute_advantages(algorithm, tracker, samples, rewards, group: int) -> tuple[torch.Tensor, dict[str, float]]:
+    """Advantages [B] by the configured normalization, clipped to +-adv_clip, and their stats."""
+    rewards_B = torch.tensor(rewards)
+    if algorithm.std_mode != "per_prompt":
+        return group_advantages(rewards_B, group, algorithm.std_mode, clip=algorithm.adv_clip)
+    _, stats = group_advantages(rewards_B, group, "group", clip=algorithm.adv_clip)  # zero_std_ratio
+    advantages = tracker.update([s.example.prompt for s in samples], rewards_B).clamp(
+        -algorithm.adv_clip, algorithm.adv_clip
+    )
+    return advantages, stats | {
+        "advantage_mean": advantages.mean().item(),
+        "advantage_abs_max": advantages.abs().max().item(),
+    }
+
+
+def iter_local(
+    config: TrainConfig, steps: int | None = None, device: str = "cpu", on_step=None, samples_dir: str | None = None
+) -> Iterator[dict]:
+    """As `run_local`, one step at a time. With `samples_dir`, the first and last rollouts are saved as image grids
+    (`step_00000.png`, one row per prompt) and their paths reported as the metric `samples_path`."""
     torch.manual_seed(config.sampling.seed)
     source = build_source(config.data)
     adapter = build_adapter(config.model, config.sampling, device=device)
-    rewards = RewardService(config.reward.weights, config.reward.guards)
-    stack = TrainStack(adapter, config.algorithm)
+    rewards = RewardService.from_config(config.reward, device=device)
+    total = steps or config.steps
+    stack = TrainStack(adapter, config.algorithm, total_updates=total * config.algorithm.num_updates_per_batch)
     group = config.sampling.samples_per_prompt
-    for step in range(steps or config.steps):
+    algorithm = config.algorithm
+    tracker = PerPromptStatTracker(algorithm.tracker_buffer_size, algorithm.tracker_min_count)
+    for step in range(total):
         started = time.perf_counter()
         batch = source.next_batch()
         samples = expand_groups(batch, group, first_group_id=step * config.data.prompts_per_rollout)
         rollout = run_rollout(adapter, samples, config.sampling, config.algorithm, seed=config.sampling.seed + step)
         rolled = time.perf_counter()
         scores = rewards.score(rollout.images, [s.example.prompt for s in samples], [s.sample_id for s in samples])
-        advantages, advantage_stats = group_advantages(
-            torch.tensor(scores["total"]), group, config.algorithm.std_mode, clip=config.algorithm.adv_clip
-        )
+        advantages, advantage_stats = compute_advantages(config.algorithm, tracker, samples, scores["total"], group)
         scored = time.perf_counter()
         train_metrics = stack.train(rollout, advantages, step)
         done = time.perf_counter()
@@ -61,6 +95,8 @@ def iter_local(config: TrainConfig, steps: int | None = None, device: str = "cpu
             "seconds_train": done - scored,
             "images_per_s": len(samples) / (done - started),
         }
+        if samples_dir and step in (0, total - 1):
+            metrics["samples_path"] = save_grid(rollout.images, f"{samples_dir}/step_{step:05d}.png", group)
         if on_step:
             on_step(metrics)
         yield metrics

@@ -7,6 +7,8 @@ training, so the first update's ratio is exactly 1 (the rollout's own log-probs 
 
 from __future__ import annotations
 
+import math
+
 import torch
 
 from unirl_core.algorithms.losses import gaussian_kl, ppo_clip_loss
@@ -16,10 +18,26 @@ class NonFiniteError(RuntimeError):
     """A non-finite loss or gradient: the optimizer step is skipped and the run stops, naming step and samples."""
 
 
+def lr_factor(step: int, total: int, schedule: str, warmup: int) -> float:
+    """Multiplier of the base learning rate at optimizer step `step` of `total` (linear warm-up, then the schedule)."""
+    if step < warmup:
+        return (step + 1) / (warmup + 1)
+    if schedule == "constant":
+        return 1.0
+    progress = min(1.0, (step - warmup) / max(1, total - warmup))
+    return 0.5 * (1.0 + math.cos(math.pi * progress))
+
+
 class TrainStack:
-    def __init__(self, adapter, algorithm):
+    """`total_updates`: optimizer steps of the whole run (RL steps x num_updates_per_batch), for the LR schedule."""
+
+    def __init__(self, adapter, algorithm, total_updates: int = 1):
         self.adapter, self.algorithm = adapter, algorithm
         self.optimizer = torch.optim.AdamW(adapter.parameters(), lr=algorithm.learning_rate, weight_decay=0.0)
+        self.scheduler = torch.optim.lr_scheduler.LambdaLR(
+            self.optimizer,
+            lambda step: lr_factor(step, total_updates, algorithm.lr_schedule, algorithm.warmup_steps),
+        )
 
     def _micro_batches(self, indices: torch.Tensor) -> list[torch.Tensor]:
         return list(indices.split(self.algorithm.micro_batch_size))
@@ -75,12 +93,13 @@ class TrainStack:
             if not torch.isfinite(grad_norm):
                 self.optimizer.zero_grad(set_to_none=True)
                 raise NonFiniteError(f"step {step}: non-finite gradient norm; optimizer step skipped")
+            metrics.setdefault("lr", []).append(self.optimizer.param_groups[0]["lr"])
             self.optimizer.step()
+            self.scheduler.step()
             metrics.setdefault("grad_norm", []).append(grad_norm.item())
         summary = {k: sum(v) / len(v) for k, v in metrics.items()}
         summary["ratio_min"] = min(metrics["ratio_min"])
         summary["ratio_max"] = max(metrics["ratio_max"])
-        summary["lr"] = self.optimizer.param_groups[0]["lr"]
         return summary
 
     @staticmethod

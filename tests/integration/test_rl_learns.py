@@ -1,0 +1,63 @@
+"""It learns: GRPO on the tiny families raises jpeg_compressibility by a clear margin, on three seeds each.
+
+The margin (0.05 kB) is about four times the reward's spread within one rollout at step 0 (0.005-0.015 kB), and
+the measured gains were 0.10-0.21 (SD3, the packaged demo recipe) and 0.24-0.52 (SD1.x) when these settings were
+chosen. The demo recipe is the SD3 configuration, so this also covers `unirl train demo --local`.
+"""
+
+from __future__ import annotations
+
+import pytest
+from typer.testing import CliRunner
+
+from flows.cli import app
+from unirl_core.config import load_recipe
+from unirl_core.train.local import run_local
+
+pytestmark = pytest.mark.slow
+
+MARGIN = 0.05
+WINDOW = 4
+SD15 = [  # DDPO's sampler (DDIM eta 1); the early half of the steps stochastic; LoRA also on the output conv
+    "train.model.family=sd15",
+    "train.model.path=tiny:sd15",
+    "train.model.lora.target_modules=[to_q,to_k,to_v,to_out.0,proj_out,conv_out]",
+    "train.algorithm.eta=1.0",
+    "train.algorithm.timestep_fraction=0.5",
+]
+
+
+def reward_gain(overrides: list[str], seed: int) -> tuple[float, list[dict]]:
+    config = load_recipe("demo", [*overrides, f"train.sampling.seed={seed}", f"train.data.seed={seed}"]).train
+    metrics = run_local(config)
+    rewards = [m["reward_mean"] for m in metrics]
+    return sum(rewards[-WINDOW:]) / WINDOW - sum(rewards[:WINDOW]) / WINDOW, metrics
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_tiny_sd3_with_lora_learns_jpeg_compressibility(seed):
+    gain, metrics = reward_gain([], seed)
+    assert gain > MARGIN, [round(m["reward_mean"], 4) for m in metrics]
+    assert metrics[0]["ratio_mean"] == 1.0 and all(m["grad_norm"] > 0 for m in metrics)
+    assert metrics[-1]["lr"] < 0.01 * metrics[0]["lr"]  # cosine decayed to ~0 by the last step
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_tiny_sd15_with_lora_learns_jpeg_compressibility(seed):
+    gain, metrics = reward_gain(SD15, seed)
+    assert gain > MARGIN, [round(m["reward_mean"], 4) for m in metrics]
+
+
+def test_unirl_train_local_prints_metrics_and_saves_sample_grids(tmp_path):
+    result = CliRunner().invoke(
+        app, ["train", "demo", "--local", "--steps", "3", "--set", f"train.output_dir={tmp_path}/out"]
+    )
+    assert result.exit_code == 0, result.output
+    rows = [line.split() for line in result.stdout.splitlines() if line.split() and line.split()[0].isdigit()]
+    assert [row[0] for row in rows] == ["0", "1", "2"]
+    assert all(float(row[1]) < 0 for row in rows)  # -(JPEG kB)
+    assert "reward: first 1 steps" in result.stdout
+    for name in ("step_00000.png", "step_00002.png"):
+        assert (tmp_path / "out" / "samples" / name).stat().st_size > 0
+    refused = CliRunner().invoke(app, ["train", "demo"])
+    assert refused.exit_code == 2 and "--local" in refused.output
