@@ -59,6 +59,21 @@ def test_kl_is_zero_before_updates_and_grows_after(tmp_path):
     assert later["kl"] > 0.0
 
 
+def test_siblings_share_their_initial_noise_only_when_asked():
+    config = train_config("sd3")
+    samples = expand_groups(build_source(config.data).next_batch(), 2)
+    adapter = build_adapter(config.model, config.sampling)
+    own = run_rollout(adapter, samples, config.sampling, config.algorithm, seed=0).latents_TB[0]
+    config.sampling.share_group_noise = True
+    shared = run_rollout(adapter, samples, config.sampling, config.algorithm, seed=0).latents_TB[0]
+    assert (
+        torch.equal(shared[0], shared[1])
+        and torch.equal(shared[2], shared[3])
+        and not torch.equal(shared[0], shared[2])
+    )
+    assert not torch.equal(own[0], own[1])
+
+
 def test_samples_regenerate_their_initial_noise_from_seed_and_id():
     config = train_config("sd3")
     adapter = build_adapter(config.model, config.sampling)

@@ -2,6 +2,7 @@
 
 ratio = exp(logp_new - logp_old)
 loss  = mean(max(-A ratio, -A clip(ratio, 1 - eps, 1 + eps)))     (eps ~ 1e-4: per-step ratios are near 1)
+pg    = mean(-A log pi)                                            (`reinforce`: on-policy, one update per rollout)
 kl    = mean((mean_new - mean_ref)^2) / (2 std^2)                 (Gaussian steps of equal std)
 """
 
@@ -28,6 +29,18 @@ def ppo_clip_loss(
             "approx_kl": 0.5 * (log_ratio**2).mean(),
         }
     return loss, metrics
+
+
+def policy_gradient_loss(
+    logp_new_B: torch.Tensor, logp_old_B: torch.Tensor, advantages_B: torch.Tensor, clip_range: float = 0.0
+) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    """REINFORCE with a baseline (DDPO's PG): -A log pi, on-policy; the ratio diagnostics for comparison."""
+    _, metrics = ppo_clip_loss(logp_new_B.detach(), logp_old_B, advantages_B, clip_range or 1.0)
+    return -(advantages_B * logp_new_B.float()).mean(), metrics
+
+
+LOSSES = {"grpo": ppo_clip_loss, "reinforce": policy_gradient_loss}
+MULTI_UPDATE = {"grpo": True, "reinforce": False}
 
 
 def gaussian_kl(mean_new: torch.Tensor, mean_ref: torch.Tensor, std: torch.Tensor) -> torch.Tensor:

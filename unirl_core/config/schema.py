@@ -91,6 +91,10 @@ class SamplingConfig(StrictModel):
     negative_prompt: str = ""
     """Negative prompt used for every sample when guidance is on; empty means the unconditional embedding."""
 
+    share_group_noise: bool = False
+    """Siblings (the samples of one prompt) start from the same initial noise, so the group's differences come
+    only from the SDE noise of the stochastic steps."""
+
     condition_strength: Annotated[float, Field(gt=0, le=1)] = 0.7
     """Image-to-image (prompts with an image `condition` in `media_refs`): the fraction of the denoising steps run,
     starting from the condition image's noised latent (diffusers' `strength`; 1.0 starts from pure noise)."""
@@ -141,6 +145,10 @@ class ModelConfig(StrictModel):
 class AlgorithmConfig(StrictModel):
     """GRPO with PPO-clip on per-step log-probs (Flow-GRPO / DDPO)."""
 
+    name: Literal["grpo", "reinforce"] = "grpo"
+    """`grpo`: PPO-clip on per-step ratios to pi_old (Flow-GRPO, DDPO's PPO); several updates per rollout are
+    allowed. `reinforce`: the on-policy gradient -A log pi (DDPO's PG), exactly one update per rollout."""
+
     eta: Annotated[float, Field(ge=0)] = 0.7
     """Sampler noise level: flow SDE `eta` (sd3) or DDIM `eta` (sd15, 1.0 is DDPO's)."""
 
@@ -181,10 +189,20 @@ class AlgorithmConfig(StrictModel):
     """Gradient clipping norm."""
 
     num_updates_per_batch: Annotated[Count, Field(ge=1)] = 1
-    """Disjoint mini-batches (optimizer steps) per rollout; pi_old is frozen once per rollout."""
+    """Disjoint mini-batches (optimizer steps) per rollout; pi_old is frozen once per rollout. Only `grpo` takes
+    more than one: `reinforce` has no ratio to correct for a policy that moved."""
 
     micro_batch_size: Annotated[Count, Field(ge=1)] = 4
     """Samples per forward/backward inside a mini-batch (gradient accumulation)."""
+
+    def problems(self) -> Iterator[Problem]:
+        if self.name == "reinforce" and self.num_updates_per_batch > 1:
+            yield (
+                "num_updates_per_batch",
+                self.num_updates_per_batch,
+                "1: `reinforce` is on-policy (no importance ratio), so a second update would use stale samples; "
+                "use name: grpo for several updates per rollout",
+            )
 
 
 class ClipRewardConfig(StrictModel):

@@ -38,7 +38,8 @@ def run_rollout(adapter, samples: list[RolloutSample], sampling, algorithm, seed
     `start_step` (a batch is all text-to-image or all image-to-image). `conditions`: a ConditionLatents."""
     cond = adapter.encode([s.example.prompt for s in samples])
     shape = adapter.latent_shape(sampling.height, sampling.width)
-    x = adapter.initial_noise([s.sample_id for s in samples], seed, shape).float()
+    noise_ids = [f"prompt:{s.group_id}" if sampling.share_group_noise else s.sample_id for s in samples]
+    x = adapter.initial_noise(noise_ids, seed, shape).float()
     schedule = adapter.schedule(sampling.num_inference_steps)
     uris = [condition_uri(s) for s in samples]
     start = 0

@@ -88,6 +88,7 @@ def iter_local(
             "reward_std": float(np.std(scores["total"])),
         }
         metrics |= {f"reward_{k}_mean": float(np.mean(v)) for k, v in scores.items() if k != "total"}
+        metrics |= {f"reward_{k}_std": float(np.std(v)) for k, v in scores.items() if k != "total"}
         metrics |= advantage_stats | train_metrics
         metrics |= {
             "seconds_rollout": rolled - started,

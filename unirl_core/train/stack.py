@@ -11,7 +11,7 @@ import math
 
 import torch
 
-from unirl_core.algorithms.losses import gaussian_kl, ppo_clip_loss
+from unirl_core.algorithms.losses import LOSSES, MULTI_UPDATE, gaussian_kl
 
 
 class NonFiniteError(RuntimeError):
@@ -32,7 +32,13 @@ class TrainStack:
     """`total_updates`: optimizer steps of the whole run (RL steps x num_updates_per_batch), for the LR schedule."""
 
     def __init__(self, adapter, algorithm, total_updates: int = 1):
+        if not MULTI_UPDATE[algorithm.name] and algorithm.num_updates_per_batch > 1:
+            raise ValueError(
+                f"algorithm {algorithm.name!r} cannot take num_updates_per_batch={algorithm.num_updates_per_batch} "
+                "updates per rollout (it has no importance ratio); set it to 1 or use grpo"
+            )
         self.adapter, self.algorithm = adapter, algorithm
+        self.loss = LOSSES[algorithm.name]
         self.optimizer = torch.optim.AdamW(adapter.parameters(), lr=algorithm.learning_rate, weight_decay=0.0)
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(
             self.optimizer,
@@ -75,7 +81,7 @@ class TrainStack:
                 cond = self.adapter.select(rollout.cond, micro)
                 for t in range(len(rollout.steps)):
                     result = self._transition(rollout, t, micro, cond)
-                    loss, info = ppo_clip_loss(
+                    loss, info = self.loss(
                         result.log_prob, logp_old[t, micro], advantages_B[micro], self.algorithm.clip_range
                     )
                     if self.algorithm.beta > 0:

@@ -169,3 +169,16 @@ def test_per_prompt_std_mode_uses_the_tracker_and_clips():
     assert stats["zero_std_ratio"] == 0.5
     advantages, _ = compute_advantages(algorithm, tracker, samples, [100.0, 3.0, 10.0, 10.0], 2)
     assert advantages.abs().max().item() == 1.5  # adv_clip
+
+
+def test_reinforce_is_the_on_policy_gradient_and_refuses_several_updates():
+    from unirl_core.algorithms.losses import policy_gradient_loss
+    from unirl_core.config import RecipeError, recipe_from_tree
+
+    logp = torch.tensor([-1.0, -2.0, -0.5], requires_grad=True)
+    advantages = torch.tensor([1.0, -1.0, 0.5])
+    loss, info = policy_gradient_loss(logp, logp.detach(), advantages)
+    loss.backward()
+    assert torch.allclose(logp.grad, -advantages / 3) and info["ratio_mean"] == 1.0
+    with pytest.raises(RecipeError, match="num_updates_per_batch"):
+        recipe_from_tree({"train": {"algorithm": {"name": "reinforce", "num_updates_per_batch": 2}}})
