@@ -217,6 +217,14 @@ def train(
     ] = False,
     steps: Annotated[int | None, typer.Option(help="RL steps (default: the recipe's train.steps).", min=1)] = None,
     device: Annotated[str, typer.Option(help="Torch device: cpu, cuda, cuda:1 ...")] = "cpu",
+    checkpoint_every: Annotated[
+        int,
+        typer.Option(
+            help="Commit a checkpoint under <output_dir>/checkpoints every N steps and at the end, and resume from "
+            "the latest one found there (0: no checkpoints).",
+            min=0,
+        ),
+    ] = 0,
     set_: Annotated[list[str] | None, typer.Option("--set", "-s", help="Override: dotted.key=value.")] = None,
 ) -> None:
     """Train with GRPO. `--local`: N steps in this process, one line of metrics per step, sample grids of the first
@@ -236,10 +244,20 @@ def train(
     )
     typer.echo("  ".join(f"{header:>{len(fmt.format(0))}}" for header, fmt in TRAIN_COLUMNS.values()))
     rewards, grids = [], []
-    for metrics in iter_local(config, total, device, samples_dir=join(config.output_dir, "samples")):
+    checkpoint_dir = join(config.output_dir, "checkpoints") if checkpoint_every else None
+    runs = iter_local(
+        config, total, device, samples_dir=join(config.output_dir, "samples"), checkpoint_dir=checkpoint_dir,
+        checkpoint_every=checkpoint_every,
+    )  # fmt: skip
+    for metrics in runs:
         rewards.append(metrics["reward_mean"])
         grids += [metrics["samples_path"]] if "samples_path" in metrics else []
         typer.echo("  ".join(fmt.format(metrics.get(key, float("nan"))) for key, (_, fmt) in TRAIN_COLUMNS.items()))
+    if not rewards:
+        typer.echo(f"nothing to do: the latest checkpoint under {checkpoint_dir} is at step {total - 1}")
+        return
+    if checkpoint_dir:
+        typer.echo(f"checkpoints: {checkpoint_dir}")
     window = max(1, min(4, len(rewards) // 2))
     first, last = sum(rewards[:window]) / window, sum(rewards[-window:]) / window
     typer.echo(f"reward: first {window} steps {first:.4f} -> last {window} steps {last:.4f} ({last - first:+.4f})")

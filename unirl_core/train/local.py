@@ -58,10 +58,19 @@ def compute_advantages(algorithm, tracker, samples, rewards, group: int) -> tupl
 
 
 def iter_local(
-    config: TrainConfig, steps: int | None = None, device: str = "cpu", on_step=None, samples_dir: str | None = None
+    config: TrainConfig,
+    steps: int | None = None,
+    device: str = "cpu",
+    on_step=None,
+    samples_dir: str | None = None,
+    checkpoint_dir: str | None = None,
+    checkpoint_every: int = 0,
 ) -> Iterator[dict]:
     """As `run_local`, one step at a time. With `samples_dir`, the first and last rollouts are saved as image grids
-    (`step_00000.png`, one row per prompt) and their paths reported as the metric `samples_path`."""
+    (`step_00000.png`, one row per prompt) and their paths reported as the metric `samples_path`.
+
+    With `checkpoint_dir`, a checkpoint commits every `checkpoint_every` steps and after the last one, and a run
+    finding a committed checkpoint there resumes after it: the steps that follow equal an uninterrupted run's."""
     torch.manual_seed(config.sampling.seed)
     source = build_source(config.data)
     adapter = build_adapter(config.model, config.sampling, device=device)
@@ -71,7 +80,21 @@ def iter_local(
     group = config.sampling.samples_per_prompt
     algorithm = config.algorithm
     tracker = PerPromptStatTracker(algorithm.tracker_buffer_size, algorithm.tracker_min_count)
-    for step in range(total):
+    checkpoints, first_step = None, 0
+    if checkpoint_dir:
+        from unirl_core.train.checkpoint import CheckpointManager, config_hash, rng_state, set_rng_state
+
+        checkpoints = CheckpointManager(checkpoint_dir)
+        identity = {"config_hash": config_hash(config), "world_size": 1}
+        latest = checkpoints.latest()
+        if latest is not None:
+            record = checkpoints.load(latest, adapter.trainable, stack.optimizer, expect=identity)
+            source.load_state_dict(record["source"])
+            tracker.load_state_dict(record["tracker"])
+            stack.scheduler.load_state_dict(record["scheduler"])
+            set_rng_state(record["rng"])
+            first_step = record["step"] + 1
+    for step in range(first_step, total):
         started = time.perf_counter()
         batch = source.next_batch()
         samples = expand_groups(batch, group, first_group_id=step * config.data.prompts_per_rollout)
@@ -98,6 +121,10 @@ def iter_local(
         }
         if samples_dir and step in (0, total - 1):
             metrics["samples_path"] = save_grid(rollout.images, f"{samples_dir}/step_{step:05d}.png", group)
+        if checkpoints and ((checkpoint_every and (step + 1) % checkpoint_every == 0) or step == total - 1):
+            state = {"source": source.state_dict(), "tracker": tracker.state_dict(), "rng": rng_state()}
+            state |= {"scheduler": stack.scheduler.state_dict()} | identity
+            metrics["checkpoint"] = str(checkpoints.save(step, adapter.trainable, stack.optimizer, state))
         if on_step:
             on_step(metrics)
         yield metrics
