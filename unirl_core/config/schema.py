@@ -370,6 +370,16 @@ class TrainConfig(StrictModel):
     steps: Annotated[Count, Field(ge=1)] = 10
     """RL steps (rollout -> reward -> advantage -> update) of a local run."""
 
+    def problems(self) -> Iterator[Problem]:
+        yield from super().problems()
+        if self.algorithm.beta > 0 and self.model.lora is None:
+            yield (
+                "algorithm.beta",
+                self.algorithm.beta,
+                "0 with full fine-tuning (model.lora: null): the KL reference is the model with its LoRA adapter "
+                "disabled, so a KL term needs LoRA",
+            )
+
 
 class Recipe(StrictModel):
     """A unirl recipe: any of the three stages, each optional."""

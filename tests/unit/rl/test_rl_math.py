@@ -182,3 +182,10 @@ def test_reinforce_is_the_on_policy_gradient_and_refuses_several_updates():
     assert torch.allclose(logp.grad, -advantages / 3) and info["ratio_mean"] == 1.0
     with pytest.raises(RecipeError, match="num_updates_per_batch"):
         recipe_from_tree({"train": {"algorithm": {"name": "reinforce", "num_updates_per_batch": 2}}})
+
+
+def test_a_kl_term_without_lora_is_refused_at_validation():
+    from unirl_core.config import RecipeError, recipe_from_tree
+
+    with pytest.raises(RecipeError, match="algorithm.beta"):
+        recipe_from_tree({"train": {"model": {"lora": None}, "algorithm": {"beta": 0.01}}})
