@@ -427,14 +427,9 @@ def tiny_models(
 
 
 def _quiet_model_libraries() -> None:
-    """No progress bars or advisory warnings from diffusers/transformers in a command's output."""
-    import diffusers
-    import transformers
+    from unirl_core.models.logs import quiet_model_libraries
 
-    diffusers.utils.logging.set_verbosity_error()
-    diffusers.utils.logging.disable_progress_bar()
-    transformers.utils.logging.set_verbosity_error()
-    transformers.utils.logging.disable_progress_bar()
+    quiet_model_libraries()
 
 
 @app.command()

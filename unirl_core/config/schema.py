@@ -340,6 +340,91 @@ class RewardConfig(StrictModel):
                 yield path, value, f"{name} is weighted or a guard, so set train.reward.{path} to {what}"
 
 
+class RayConfig(StrictModel):
+    """Where a training round runs: a local Ray started for the round, or an existing cluster."""
+
+    address: str | None = None
+    """An existing Ray cluster (`auto`, `host:6379`, `ray://host:10001`; KubeRay's head service). Empty: the
+    `RAY_ADDRESS` environment variable, else a local Ray started on 127.0.0.1 for the round and shut down after."""
+
+    workers: Annotated[Count, Field(ge=1)] = 2
+    """Data-parallel ranks: one Ray actor each in one placement-group bundle, joined by torch.distributed."""
+
+    cpus_per_worker: Annotated[float, Field(gt=0)] = 1
+    """CPUs of each worker's bundle (and its torch threads)."""
+
+    gpus_per_worker: Annotated[float, Field(ge=0)] = 0
+    """GPUs of each worker's bundle: 1 on GPU clusters (the backend becomes nccl), 0 on CPU (gloo)."""
+
+    backend: Literal["auto", "gloo", "nccl"] = "auto"
+    """torch.distributed backend: `auto` is nccl with GPUs, gloo without."""
+
+    collective_timeout_s: Annotated[int, Field(ge=10)] = 300
+    """Seconds a collective waits for a peer before failing (a lost rank then fails the round, which retries)."""
+
+    round_timeout_s: Annotated[float, Field(gt=0)] = 6 * 3600
+    """Deadline of one round, enforced inside it (Prefect's task timeout cannot stop Ray actors)."""
+
+
+class FSDPConfig(StrictModel):
+    """How the trained module is sharded across the workers (FSDP2 `fully_shard`, block by block)."""
+
+    mixed_precision: Literal["auto", "bf16", "none"] = "auto"
+    """`auto`: bf16 parameters with fp32 gradient reduction on CUDA, fp32 on CPU. `none`: fp32 everywhere."""
+
+    activation_checkpointing: bool = False
+    """Recompute block activations in the backward pass (less memory, about a third more compute)."""
+
+
+class EMAConfig(StrictModel):
+    """An exponential moving average of the trained weights, used for evaluation and export when set."""
+
+    decay: Annotated[float, Field(gt=0, lt=1)] = 0.99
+    """Shadow <- decay x shadow + (1 - decay) x weights."""
+
+    interval: Annotated[Count, Field(ge=1)] = 1
+    """Update the shadow every `interval` optimizer steps."""
+
+
+class WarmupConfig(StrictModel):
+    """Supervised warm-up before RL: the denoising (flow-matching) loss on precached (VAE latent, text
+    conditioning) pairs, on the same workers and sharding. The recipe's `precache` section names the cache."""
+
+    steps: Annotated[Count, Field(ge=0)] = 0
+    """Warm-up optimizer steps (0: no warm-up)."""
+
+    steps_per_round: Annotated[Count, Field(ge=1)] | None = None
+    """Warm-up steps per round. Empty: all warm-up steps in one round."""
+
+    batch_size: Annotated[Count, Field(ge=1)] = 8
+    """Global: precached samples per step, split evenly over the workers."""
+
+    learning_rate: Annotated[float, Field(gt=0)] = 1e-4
+    """AdamW learning rate of the warm-up (constant)."""
+
+    latent_key: str = "autoencoderkl_image"
+    """Encoding key of the VAE latents in the precache shards."""
+
+    text_key: str = "prompt_conditioning"
+    """Encoding key prefix of the text conditioning (written by the `PipelinePromptEncoder` precache encoder)."""
+
+    seed: Seed = 0
+    """Seed of the epoch order and of the noise and timesteps drawn by the loss."""
+
+
+class TrackingConfig(StrictModel):
+    """MLflow tracking of training runs (one run per `output_dir`, found again on retry and resume)."""
+
+    experiment: str = "unirl"
+    """MLflow experiment name."""
+
+    registered_model: str | None = None
+    """Registered model name for the final adapter. Empty: `unirl-<recipe name>`."""
+
+    alias: str = "candidate"
+    """Alias set on the newly registered model version (promote it to `champion` by hand after review)."""
+
+
 class TrainConfig(StrictModel):
     """Training: the model, the data and sampling, the algorithm and the reward."""
 
@@ -368,7 +453,38 @@ class TrainConfig(StrictModel):
     """Reward weights and guards."""
 
     steps: Annotated[Count, Field(ge=1)] = 10
-    """RL steps (rollout -> reward -> advantage -> update) of a local run."""
+    """RL steps (rollout -> reward -> advantage -> update) of the whole run (the LR schedule spans them)."""
+
+    steps_per_round: Annotated[Count, Field(ge=1)] | None = None
+    """RL steps per training round (one retryable Prefect task). Empty: all steps in one round."""
+
+    checkpoint_every: Annotated[Count, Field(ge=0)] = 0
+    """Commit a checkpoint every N steps inside a round (0: only at each round's end, which always commits)."""
+
+    keep_checkpoints: Annotated[Count, Field(ge=2)] = 2
+    """Committed checkpoints kept (>= 2: the previous one survives a failed write of the next)."""
+
+    eval_every_rounds: Annotated[Count, Field(ge=0)] = 0
+    """Evaluate every N RL rounds (and after the last): deterministic sampling (eta 0) of the eval prompts
+    (`data.eval_data_path`, else the first prompts of the source) with noise fixed per prompt, one image grid."""
+
+    eval_prompts: Annotated[Count, Field(ge=1)] = 4
+    """How many eval prompts are sampled (the first N)."""
+
+    ema: EMAConfig | None = None
+    """EMA of the trained weights for evaluation and export. Empty: none."""
+
+    warmup: WarmupConfig = WarmupConfig()
+    """Supervised warm-up rounds before RL (off while `warmup.steps` is 0)."""
+
+    ray: RayConfig = RayConfig()
+    """The Ray cluster and worker group of each round."""
+
+    fsdp: FSDPConfig = FSDPConfig()
+    """FSDP2 sharding of the trained module."""
+
+    tracking: TrackingConfig = TrackingConfig()
+    """MLflow experiment and model registry."""
 
     def problems(self) -> Iterator[Problem]:
         yield from super().problems()
@@ -378,6 +494,38 @@ class TrainConfig(StrictModel):
                 self.algorithm.beta,
                 "0 with full fine-tuning (model.lora: null): the KL reference is the model with its LoRA adapter "
                 "disabled, so a KL term needs LoRA",
+            )
+
+
+    def distributed_problems(self) -> Iterator[Problem]:
+        """Checked by training rounds (not `--local`): the global batch must split over the workers with groups
+        whole and equal shares (FSDP needs every rank to run the same number of forward passes)."""
+        workers = self.ray.workers
+        prompts, group = self.data.prompts_per_rollout, self.sampling.samples_per_prompt
+        if prompts % workers:
+            yield (
+                "data.prompts_per_rollout",
+                prompts,
+                f"a multiple of ray.workers={workers}: {prompts} prompts x {group} samples = {prompts * group} "
+                f"samples, but a GRPO group is never split, so {prompts} groups must divide over {workers} workers "
+                f"({prompts} % {workers} = {prompts % workers})",
+            )
+            return
+        per_rank = prompts * group // workers
+        updates = self.algorithm.num_updates_per_batch
+        if per_rank % updates:
+            yield (
+                "algorithm.num_updates_per_batch",
+                updates,
+                f"a divisor of the {per_rank} samples per worker ({prompts} prompts x {group} samples / {workers} "
+                f"workers), so every update gets an equal mini-batch",
+            )
+        if self.warmup.steps and self.warmup.batch_size % workers:
+            batch = self.warmup.batch_size
+            yield (
+                "warmup.batch_size",
+                batch,
+                f"a multiple of ray.workers={workers} ({batch} % {workers} = {batch % workers})",
             )
 
 

@@ -8,6 +8,7 @@ removes the placement group, so a failed call never leaves CPUs held for the nex
 
 from __future__ import annotations
 
+import contextlib
 from typing import Any
 
 import ray
@@ -19,6 +20,11 @@ from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 from unirl_core.distributed.process_group import free_port, init_process_group
 
 
+class WorkerLostError(RuntimeError):
+    """A worker (Ray actor) died or became unreachable mid-round: retryable, the round resumes from its last
+    committed checkpoint."""
+
+
 class TorchWorker:
     """One rank. Subclass it for real work; every public method can be called on the whole group."""
 
@@ -27,14 +33,21 @@ class TorchWorker:
         address = ray.util.get_node_ip_address()
         return address, free_port(address)
 
-    def setup(self, rank: int, world_size: int, master_addr: str, master_port: int, backend: str | None) -> str:
+    def setup(
+        self, rank: int, world_size: int, master_addr: str, master_port: int, backend: str | None, timeout_s: int = 300
+    ) -> str:
         self.rank, self.world_size = rank, world_size
-        return init_process_group(rank, world_size, master_addr, master_port, backend)
+        return init_process_group(rank, world_size, master_addr, master_port, backend, timeout_s)
 
     def all_reduce_sum(self, values: list[float]) -> list[float]:
         tensor = torch.tensor(values, dtype=torch.float64)
         dist.all_reduce(tensor, op=dist.ReduceOp.SUM)
         return tensor.tolist()
+
+    def pid(self) -> int:
+        import os
+
+        return os.getpid()
 
     def teardown(self) -> None:
         if dist.is_initialized():
@@ -52,6 +65,7 @@ class WorkerGroup:
         gpus_per_worker: float = 0,
         backend: str | None = None,
         ready_timeout_s: float = 120,
+        collective_timeout_s: int = 300,
     ):
         bundle = {"CPU": cpus_per_worker, **({"GPU": gpus_per_worker} if gpus_per_worker else {})}
         self.placement_group = placement_group([bundle] * world_size, strategy="PACK")
@@ -69,19 +83,54 @@ class WorkerGroup:
             ]
             master_addr, master_port = ray.get(self.workers[0].rendezvous_address.remote())
             self.backends = ray.get(
-                [w.setup.remote(i, world_size, master_addr, master_port, backend) for i, w in enumerate(self.workers)]
+                [
+                    w.setup.remote(i, world_size, master_addr, master_port, backend, collective_timeout_s)
+                    for i, w in enumerate(self.workers)
+                ]
             )
         except BaseException:
             self.close()
             raise
 
-    def run(self, method: str, *args: Any, **kwargs: Any) -> list[Any]:
-        """Call `method` on every rank with the same arguments; results in rank order."""
-        return ray.get([getattr(w, method).remote(*args, **kwargs) for w in self.workers])
+    def run(self, method: str, *args: Any, timeout: float | None = None, **kwargs: Any) -> list[Any]:
+        """Broadcast: call `method` on every rank with the same arguments; results in rank order."""
+        return self._get([getattr(w, method).remote(*args, **kwargs) for w in self.workers], timeout)
+
+    def scatter(self, method: str, shares: list[Any], *args: Any, timeout: float | None = None, **kwargs: Any):
+        """Call `method` on rank r with `shares[r]` as first argument (then the common ones); results in rank order."""
+        if len(shares) != len(self.workers):
+            raise ValueError(f"{len(shares)} shares for {len(self.workers)} workers")
+        calls = [getattr(w, method).remote(share, *args, **kwargs) for w, share in zip(self.workers, shares, strict=True)]
+        return self._get(calls, timeout)
+
+    def _get(self, refs: list[Any], timeout: float | None) -> list[Any]:
+        """Gather; a dead actor (or a peer's collective failing because of it) becomes WorkerLostError."""
+        try:
+            return ray.get(refs, timeout=timeout)
+        except (ray.exceptions.RayActorError, ray.exceptions.GetTimeoutError) as exc:
+            raise WorkerLostError(f"a training worker was lost or stopped answering: {exc}") from exc
+        except ray.exceptions.RayTaskError as exc:
+            dead = self.dead_ranks()
+            if dead:
+                raise WorkerLostError(f"training worker rank(s) {dead} died; a peer failed with: {exc}") from exc
+            raise
+
+    def dead_ranks(self, timeout: float = 10) -> list[int]:
+        dead = []
+        for rank, worker in enumerate(self.workers):
+            try:
+                ray.get(worker.__ray_ready__.remote(), timeout=timeout)
+            except Exception:
+                dead.append(rank)
+        return dead
+
+    def pids(self) -> list[int]:
+        return self.run("pid")
 
     def close(self) -> None:
         for worker in self.workers:
-            ray.kill(worker)
+            with contextlib.suppress(Exception):  # already dead
+                ray.kill(worker)
         self.workers = []
         remove_placement_group(self.placement_group)
 

@@ -33,9 +33,14 @@ def start_step(num_steps: int, strength: float) -> int:
 
 
 @torch.no_grad()
-def run_rollout(adapter, samples: list[RolloutSample], sampling, algorithm, seed: int, conditions=None) -> Rollout:
+def run_rollout(
+    adapter, samples: list[RolloutSample], sampling, algorithm, seed: int, conditions=None, step_seed: int | None = None
+) -> Rollout:
     """Denoise `samples` from their initial noise; prompts with a condition image start image-to-image at
-    `start_step` (a batch is all text-to-image or all image-to-image). `conditions`: a ConditionLatents."""
+    `start_step` (a batch is all text-to-image or all image-to-image). `conditions`: a ConditionLatents.
+
+    Initial noise depends on (seed, sample id) only; the SDE steps' noise comes from one generator seeded with
+    `step_seed` (default `seed`): data-parallel ranks pass their own, so their draws are independent."""
     cond = adapter.encode([s.example.prompt for s in samples])
     shape = adapter.latent_shape(sampling.height, sampling.width)
     noise_ids = [f"prompt:{s.group_id}" if sampling.share_group_noise else s.sample_id for s in samples]
@@ -56,7 +61,7 @@ def run_rollout(adapter, samples: list[RolloutSample], sampling, algorithm, seed
         x = adapter.noised(clean, x, start, schedule).float()
     steps = [start + i for i in stochastic_steps(sampling.num_inference_steps - start, algorithm.timestep_fraction)]
     before, after, logps = [], [], []
-    generator = torch.Generator(device=x.device).manual_seed(seed)
+    generator = torch.Generator(device=x.device).manual_seed(seed if step_seed is None else step_seed)
     for index in range(start, sampling.num_inference_steps):
         trained = index in steps
         result = adapter.transition(x, index, algorithm.eta if trained else 0.0, cond, schedule, generator=generator)

@@ -85,40 +85,58 @@ class CheckpointManager:
         committed = self.committed()
         return committed[-1] if committed else None
 
-    def save(self, step: int, module: torch.nn.Module, optimizer, trainer_state: dict[str, Any]) -> Path:
-        """Write checkpoint `step`: DCP data first, then the commit record, then retention."""
-        import torch.distributed as dist
+    def folder(self, step: int) -> Path:
+        return self.root / f"step_{step:08d}"
+
+    def prepare(self, step: int) -> Path:
+        """Before the ranks write step `step`: remove interrupted writes, create an empty folder (one process)."""
+        folder = self.folder(step)
+        self._remove_partial(keep=None)
+        shutil.rmtree(folder, ignore_errors=True)
+        folder.mkdir(parents=True)
+        return folder
+
+    @staticmethod
+    def write_data(
+        folder: Path, module: torch.nn.Module, optimizer, extra: dict[str, Any] | None = None
+    ) -> list[str]:
+        """Every rank: weights (trainable ones), optimizer and `extra` tensors (e.g. the EMA shadow) through DCP,
+        one `.distcp` per rank. Returns the stored weight names."""
         import torch.distributed.checkpoint as dcp
         from torch.distributed.checkpoint.state_dict import get_state_dict
 
-        folder = self.root / f"step_{step:08d}"
-        rank0 = not dist.is_initialized() or dist.get_rank() == 0
-        if rank0:
-            self._remove_partial(keep=None)
-            shutil.rmtree(folder, ignore_errors=True)
-            folder.mkdir(parents=True)
-        if dist.is_initialized():
-            dist.barrier()
         model_state, optim_state = get_state_dict(module, optimizer, options=_options())
-        dcp.save({"model": model_state, "optim": optim_state}, checkpoint_id=str(folder))
-        if dist.is_initialized():
-            dist.barrier()
-        if rank0:
-            record = {"step": step, "model_keys": sorted(model_state), **trainer_state}
-            write_bytes_atomic(str(folder / STATE_FILE), json.dumps(record, indent=1, sort_keys=True).encode())
-            for old in self.committed()[: -self.keep]:
-                shutil.rmtree(old, ignore_errors=True)
+        dcp.save({"model": model_state, "optim": optim_state, **(extra or {})}, checkpoint_id=str(folder))
+        return sorted(model_state)
+
+    def commit(self, folder: Path, record: dict[str, Any]) -> Path:
+        """One process, after every rank's `write_data` returned: the commit record, then retention."""
+        write_bytes_atomic(str(folder / STATE_FILE), json.dumps(record, indent=1, sort_keys=True).encode())
+        for old in self.committed()[: -self.keep]:
+            shutil.rmtree(old, ignore_errors=True)
         return folder
 
-    def load(
-        self, folder: Path, module: torch.nn.Module, optimizer, expect: dict[str, Any] | None = None
-    ) -> dict[str, Any]:
-        """Restore weights and optimizer from `folder`; returns its trainer state. `expect`: keys (config_hash,
-        world_size) that must match the stored values."""
-        import torch.distributed.checkpoint as dcp
-        from torch.distributed.checkpoint.api import CheckpointException
-        from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
+    def save(self, step: int, module: torch.nn.Module, optimizer, trainer_state: dict[str, Any]) -> Path:
+        """Write checkpoint `step` from the ranks of this process group (or one process): DCP data first, then the
+        commit record (rank 0), then retention."""
+        import torch.distributed as dist
 
+        folder = self.folder(step)
+        rank0 = not dist.is_initialized() or dist.get_rank() == 0
+        if rank0:
+            self.prepare(step)
+        if dist.is_initialized():
+            dist.barrier()
+        model_keys = self.write_data(folder, module, optimizer)
+        if dist.is_initialized():
+            dist.barrier()
+        if rank0:
+            self.commit(folder, {"step": step, "model_keys": model_keys, **trainer_state})
+        return folder
+
+    @staticmethod
+    def read_record(folder: Path, expect: dict[str, Any] | None = None) -> dict[str, Any]:
+        """A checkpoint's trainer state; `expect`: keys (config_hash, world_size) that must match the stored ones."""
         state_path = folder / STATE_FILE
         try:
             record = json.loads(state_path.read_text())
@@ -130,19 +148,41 @@ class CheckpointManager:
                     f"{state_path}: {key} is {record.get(key)!r} but this run has {value!r}; resume with the same "
                     f"{key}, or start a new output_dir"
                 )
+        return record
+
+    def load(
+        self,
+        folder: Path,
+        module: torch.nn.Module,
+        optimizer,
+        expect: dict[str, Any] | None = None,
+        extra: dict[str, Any] | None = None,
+        weights_only: bool = False,
+    ) -> dict[str, Any]:
+        """Restore weights and optimizer (every rank of the group, or one process) from `folder`; returns its
+        trainer state. `extra`: tensors to fill in place (e.g. the EMA shadow). `weights_only`: the trained weights
+        alone (a new stage starts from them with a fresh optimizer)."""
+        import torch.distributed.checkpoint as dcp
+        from torch.distributed.checkpoint.api import CheckpointException
+        from torch.distributed.checkpoint.state_dict import get_state_dict, set_model_state_dict, set_state_dict
+
+        record = self.read_record(folder, expect)
         model_state, optim_state = get_state_dict(module, optimizer, options=_options())
         if sorted(model_state) != record["model_keys"]:
             missing = sorted(set(record["model_keys"]) ^ set(model_state))[:5]
             raise CheckpointError(f"{folder}: the trained parameters differ from the checkpoint's (e.g. {missing})")
-        state = {"model": model_state, "optim": optim_state}
+        state = {"model": model_state} if weights_only else {"model": model_state, "optim": optim_state, **(extra or {})}
         try:
             dcp.load(state, checkpoint_id=str(folder))
         except (CheckpointException, Exception) as exc:  # DCP's wrapper of per-rank failures is a BaseException
             files = sorted(p.name for p in folder.iterdir() if p.name != STATE_FILE)
             reason = str(exc).strip().splitlines()[-1][:300]
             raise CheckpointError(f"{folder}: cannot load checkpoint data {files}: {reason}") from None
-        set_state_dict(module, optimizer, model_state_dict=state["model"], optim_state_dict=state["optim"],
-                       options=_options())  # fmt: skip
+        if weights_only:
+            set_model_state_dict(module, state["model"], options=_options())
+        else:  # `extra` tensors were filled in place by dcp.load
+            set_state_dict(module, optimizer, model_state_dict=state["model"], optim_state_dict=state["optim"],
+                           options=_options())  # fmt: skip
         return record
 
     def _remove_partial(self, keep: Path | None) -> None:

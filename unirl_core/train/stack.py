@@ -28,6 +28,13 @@ def lr_factor(step: int, total: int, schedule: str, warmup: int) -> float:
     return 0.5 * (1.0 + math.cos(math.pi * progress))
 
 
+def clip_gradients(parameters, max_norm: float) -> torch.Tensor:
+    """Clip by the global norm, across shards when the parameters are FSDP2 DTensors (every rank gets the same)."""
+    from unirl_core.train.fsdp import full_value
+
+    return full_value(torch.nn.utils.clip_grad_norm_(parameters, max_norm))
+
+
 class TrainStack:
     """`total_updates`: optimizer steps of the whole run (RL steps x num_updates_per_batch), for the LR schedule."""
 
@@ -95,7 +102,7 @@ class TrainStack:
                     for key, value in info.items():
                         metrics.setdefault(key, []).append(value.item())
                     metrics.setdefault("loss", []).append(loss.item())
-            grad_norm = torch.nn.utils.clip_grad_norm_(self.adapter.parameters(), self.algorithm.max_grad_norm)
+            grad_norm = clip_gradients(self.adapter.parameters(), self.algorithm.max_grad_norm)
             if not torch.isfinite(grad_norm):
                 self.optimizer.zero_grad(set_to_none=True)
                 raise NonFiniteError(f"step {step}: non-finite gradient norm; optimizer step skipped")
@@ -113,3 +120,28 @@ class TrainStack:
         if not torch.isfinite(loss):
             ids = [rollout.samples[i].sample_id for i in micro.tolist()]
             raise NonFiniteError(f"step {step}: non-finite loss for samples {ids}; optimizer step skipped")
+
+
+class WarmupStack:
+    """Supervised warm-up: one AdamW step per batch on the family's denoising loss (flow matching for SD3),
+    gradients clipped across shards; a constant learning rate."""
+
+    def __init__(self, adapter, warmup, max_grad_norm: float):
+        self.adapter, self.max_grad_norm = adapter, max_grad_norm
+        self.optimizer = torch.optim.AdamW(adapter.parameters(), lr=warmup.learning_rate, weight_decay=0.0)
+        self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, lambda step: 1.0)
+
+    def train(self, latents: torch.Tensor, cond: dict, generator: torch.Generator, step: int) -> dict[str, float]:
+        self.optimizer.zero_grad(set_to_none=True)
+        loss = self.adapter.denoising_loss(latents, cond, generator)
+        if not torch.isfinite(loss):
+            raise NonFiniteError(f"warm-up step {step}: non-finite loss; optimizer step skipped")
+        loss.backward()
+        grad_norm = clip_gradients(self.adapter.parameters(), self.max_grad_norm)
+        if not torch.isfinite(grad_norm):
+            self.optimizer.zero_grad(set_to_none=True)
+            raise NonFiniteError(f"warm-up step {step}: non-finite gradient norm; optimizer step skipped")
+        lr = self.optimizer.param_groups[0]["lr"]
+        self.optimizer.step()
+        self.scheduler.step()
+        return {"loss": loss.item(), "grad_norm": grad_norm.item(), "lr": lr}

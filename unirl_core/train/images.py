@@ -1,0 +1,27 @@
+"""Image grids for sample and evaluation logs: rows of images, each row captioned with its prompt."""
+
+from __future__ import annotations
+
+import textwrap
+
+from PIL import Image, ImageDraw, ImageFont
+
+
+def captioned_grid(images: list, captions: list[str], cols: int, caption_height: int = 24) -> Image.Image:
+    """`len(captions)` rows of `cols` images (row i = images[i*cols:(i+1)*cols]), each row with its caption
+    above it (wrapped, truncated to two lines)."""
+    if len(images) != len(captions) * cols:
+        raise ValueError(f"{len(images)} images do not make {len(captions)} rows of {cols}")
+    width, height = images[0].size
+    font = ImageFont.load_default()
+    row_height = height + caption_height
+    grid = Image.new("RGB", (max(cols * width, 160), len(captions) * row_height), "white")
+    draw = ImageDraw.Draw(grid)
+    chars = max(8, grid.width // 6)
+    for row, caption in enumerate(captions):
+        top = row * row_height
+        lines = textwrap.wrap(caption, chars)[:2] or [""]
+        draw.multiline_text((2, top + 1), "\n".join(lines), fill="black", font=font, spacing=1)
+        for col in range(cols):
+            grid.paste(images[row * cols + col].convert("RGB"), (col * width, top + caption_height))
+    return grid

@@ -1,0 +1,173 @@
+"""One data-parallel rank of a training round: the adapter with its FSDP2-sharded trained module, the reward
+service and the train stack, driven by the controller (`unirl_core.trainer`) one call at a time.
+
+Rollouts use the trained module itself (colocated: no weight sync). Every rank receives an equal share of whole
+GRPO groups, so every rank runs the same number of forward passes (FSDP's collectives need that).
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from unirl_core.distributed.worker_group import TorchWorker
+
+
+def _device(gpus: float) -> torch.device:
+    if gpus and torch.cuda.is_available():
+        import ray
+
+        ids = ray.get_gpu_ids()
+        return torch.device("cuda", 0 if ids else torch.cuda.current_device())
+    return torch.device("cpu")
+
+
+def rank_seed(seed: int, step: int, rank: int) -> int:
+    """The SDE-noise seed of `rank` at `step`: rank 0 draws as the single-process runner does."""
+    from unirl_core.models.adapters import sample_seed
+
+    return seed + step if rank == 0 else sample_seed(seed + step, f"rank:{rank}")
+
+
+class TrainWorker(TorchWorker):
+    def build(self, config_json: str, stage: str) -> dict[str, int]:
+        """Build the adapter, shard it, and the stack of `stage` (`rl` or `warmup`); returns how much of the
+        trained module this rank holds."""
+        from unirl_core.config.schema import TrainConfig
+        from unirl_core.models.logs import quiet_model_libraries
+
+        quiet_model_libraries()
+        from unirl_core.models.adapters import build_adapter
+        from unirl_core.train.ema import EMA
+        from unirl_core.train.fsdp import local_fraction, parallelize
+
+        self.config = config = TrainConfig.model_validate_json(config_json)
+        self.stage = stage
+        torch.set_num_threads(max(1, int(config.ray.cpus_per_worker)))
+        self.device = _device(config.ray.gpus_per_worker)
+        if self.device.type == "cuda":
+            torch.cuda.set_device(self.device)
+        torch.manual_seed(config.sampling.seed)  # identical initial (LoRA) weights on every rank before sharding
+        self.adapter = build_adapter(config.model, config.sampling, device=str(self.device))
+        parallelize(self.adapter.trainable, self.adapter.blocks(), self.device, config.fsdp)
+        if stage == "rl":
+            from unirl_core.rewards.service import RewardService
+            from unirl_core.train.stack import TrainStack
+
+            self.rewards = RewardService.from_config(config.reward, device=str(self.device))
+            updates = config.steps * config.algorithm.num_updates_per_batch
+            self.stack = TrainStack(self.adapter, config.algorithm, total_updates=updates)
+        else:
+            from unirl_core.train.stack import WarmupStack
+
+            self.stack = WarmupStack(self.adapter, config.warmup, config.algorithm.max_grad_norm)
+        self.ema = EMA(self.adapter.parameters(), config.ema.decay, config.ema.interval) if config.ema else None
+        self._rollout = None
+        return local_fraction(self.adapter.trainable)
+
+    # --- RL ---------------------------------------------------------------------------------------------------
+
+    def rollout(self, samples: list, step: int, want_images: bool = False) -> dict[str, Any]:
+        """Roll out this rank's samples with the current weights and score them; the rollout stays here for
+        `train`. Returns the reward components (lists in sample order) and, when asked, the images."""
+        from unirl_core.rollout.rollout import run_rollout
+
+        config = self.config
+        started = time.perf_counter()
+        seed = config.sampling.seed + step
+        self._rollout = run_rollout(
+            self.adapter, samples, config.sampling, config.algorithm, seed=seed,
+            step_seed=rank_seed(config.sampling.seed, step, self.rank),
+        )  # fmt: skip
+        rolled = time.perf_counter()
+        scores = self.rewards.score(
+            self._rollout.images, [s.example.prompt for s in samples], [s.sample_id for s in samples]
+        )
+        return {
+            "rewards": {k: [float(x) for x in v] for k, v in scores.items()},
+            "images": self._rollout.images if want_images else None,
+            "seconds_rollout": rolled - started,
+            "seconds_reward": time.perf_counter() - rolled,
+        }
+
+    def train(self, advantages: list[float], step: int) -> dict[str, float]:
+        """Train on this rank's stored rollout with the controller's advantages (gradients averaged by FSDP)."""
+        started = time.perf_counter()
+        metrics = self.stack.train(self._rollout, torch.tensor(advantages, dtype=torch.float32), step)
+        if self.ema:
+            self.ema.update(step)
+        self._rollout = None
+        return metrics | {"seconds_train": time.perf_counter() - started}
+
+    # --- warm-up ----------------------------------------------------------------------------------------------
+
+    def warmup(self, batch: dict[str, Any], step: int) -> dict[str, float]:
+        """One supervised step on this rank's share of precached (latent, conditioning) pairs."""
+        from unirl_core.models.adapters import sample_seed
+
+        started = time.perf_counter()
+        generator = torch.Generator().manual_seed(sample_seed(self.config.warmup.seed, f"{step}:{self.rank}"))
+        latents = batch["latents"].to(self.device)
+        cond = {k: v.to(self.device) for k, v in batch["cond"].items()}
+        metrics = self.stack.train(latents, cond, generator, step)
+        if self.ema:
+            self.ema.update(step)
+        return metrics | {"seconds_train": time.perf_counter() - started}
+
+    # --- evaluation -------------------------------------------------------------------------------------------
+
+    @torch.no_grad()
+    def evaluate(self, share: tuple[list[str], int], seed: int) -> list:
+        """Deterministic samples (eta 0) of this rank's (prompts, index of the first), noise fixed per prompt
+        index; EMA weights when kept."""
+        import contextlib
+
+        prompts, first_index = share
+        sampling = self.config.sampling
+        ids = [f"eval:{first_index + i}" for i in range(len(prompts))]
+        with self.ema.applied() if self.ema else contextlib.nullcontext():
+            cond = self.adapter.encode(prompts)
+            shape = self.adapter.latent_shape(sampling.height, sampling.width)
+            x = self.adapter.initial_noise(ids, seed, shape).float()
+            schedule = self.adapter.schedule(sampling.num_inference_steps)
+            for index in range(sampling.num_inference_steps):
+                x = self.adapter.transition(x, index, 0.0, cond, schedule).sample
+            return self.adapter.decode(x)
+
+    # --- checkpoints ------------------------------------------------------------------------------------------
+
+    def _extra(self) -> dict[str, Any]:
+        return {"ema": self.ema.state_dict()} if self.ema else {}
+
+    def save(self, folder: str) -> dict[str, Any]:
+        """This rank's part of checkpoint `folder` (a collective); returns what the commit record needs."""
+        from unirl_core.train.checkpoint import CheckpointManager, rng_state
+
+        keys = CheckpointManager.write_data(Path(folder), self.adapter.trainable, self.stack.optimizer, self._extra())
+        return {"model_keys": keys, "rng": rng_state(), "scheduler": self.stack.scheduler.state_dict()}
+
+    def load(self, folder: str, weights_only: bool, rng: list | None, scheduler: dict | None) -> None:
+        """Restore from checkpoint `folder` (a collective). `weights_only`: a new stage starting from the trained
+        weights with its own optimizer; otherwise also optimizer, scheduler, EMA and this rank's RNG state."""
+        from unirl_core.train.checkpoint import CheckpointManager, set_rng_state
+
+        manager = CheckpointManager(Path(folder).parent)
+        manager.load(Path(folder), self.adapter.trainable, self.stack.optimizer, extra=self._extra(),
+                     weights_only=weights_only)  # fmt: skip
+        if weights_only:
+            if self.ema:  # the new stage's EMA starts from the loaded weights
+                for shadow, parameter in zip(self.ema.shadow, self.ema.parameters, strict=True):
+                    shadow.copy_(parameter.detach())
+            return
+        if scheduler:
+            self.stack.scheduler.load_state_dict(scheduler)
+        if rng:
+            set_rng_state(rng[self.rank])
+
+    def shard_info(self) -> dict[str, int]:
+        from unirl_core.train.fsdp import local_fraction
+
+        return local_fraction(self.adapter.trainable)
