@@ -216,23 +216,87 @@ def train(
         bool, typer.Option("--local", help="Run in this process, without Ray or Prefect (the single-process runner).")
     ] = False,
     steps: Annotated[int | None, typer.Option(help="RL steps (default: the recipe's train.steps).", min=1)] = None,
-    device: Annotated[str, typer.Option(help="Torch device: cpu, cuda, cuda:1 ...")] = "cpu",
+    device: Annotated[str, typer.Option(help="--local: torch device (cpu, cuda, cuda:1 ...).")] = "cpu",
     checkpoint_every: Annotated[
-        int,
+        int | None,
         typer.Option(
-            help="Commit a checkpoint under <output_dir>/checkpoints every N steps and at the end, and resume from "
-            "the latest one found there (0: no checkpoints).",
+            help="Commit a checkpoint under <output_dir>/checkpoints every N steps (rounds also commit at their "
+            "end); --local: also at the end, and 0 (its default) means no checkpoints.",
             min=0,
         ),
-    ] = 0,
+    ] = None,
     set_: Annotated[list[str] | None, typer.Option("--set", "-s", help="Override: dotted.key=value.")] = None,
 ) -> None:
-    """Train with GRPO. `--local`: N steps in this process, one line of metrics per step, sample grids of the first
-    and last rollouts under the recipe's output folder."""
-    config = _recipe_section(recipe, set_, "train")
-    if not local:
-        raise _fail("error: distributed training rounds (Ray + Prefect) are not available yet; run with --local")
+    """Train: warm-up and RL rounds on a Ray worker group (FSDP2) as a Prefect flow, checkpointed, resumable and
+    tracked in MLflow; re-running after a failure resumes from the last committed checkpoint. `--local`: the
+    single-process runner (no Ray, Prefect or MLflow)."""
+    overrides = list(set_ or [])
+    if steps and not local:
+        overrides.append(f"train.steps={steps}")
+    if checkpoint_every is not None and not local:
+        overrides.append(f"train.checkpoint_every={checkpoint_every}")
+    loaded = _recipe(recipe, overrides)
+    if loaded.train is None:
+        raise _fail(f"error: recipe {recipe} has no `train` section")
     _quiet_model_libraries()
+    if local:
+        _train_local(loaded.train, steps, device, checkpoint_every or 0)
+    else:
+        _train_rounds(loaded)
+
+
+def _train_rounds(recipe) -> None:
+    from flows.train import train as train_flow
+    from tasks.progress import add_listener, remove_listener
+    from unirl_core.train.checkpoint import CheckpointError
+    from unirl_core.train.stack import NonFiniteError
+    from unirl_core.trainer import TrainingConfigError, plan_rounds
+
+    config = recipe.train
+    rounds = plan_rounds(config)
+    typer.echo(
+        f"training {config.model.family} ({config.model.path}): {len(rounds)} rounds "
+        f"({config.warmup.steps} warm-up + {config.steps} RL steps) on {config.ray.workers} workers, "
+        f"{config.data.prompts_per_rollout} prompts x {config.sampling.samples_per_prompt} samples per step; "
+        f"output {config.output_dir}"
+    )
+    rewards: list[float] = []
+
+    def show(kind: str, row) -> None:
+        if kind != "train_step":
+            return
+        if row["stage"] == "warmup":
+            typer.echo(f"  warm-up step {row['step']:>4}  loss {row['warmup_loss']:.4f}  lr {row['warmup_lr']:.2e}")
+            return
+        rewards.append(row["reward_mean"])
+        cells = "  ".join(fmt.format(row.get(key, float("nan"))) for key, (_, fmt) in TRAIN_COLUMNS.items())
+        typer.echo(f"  {cells}")
+
+    _patient_prefect_startup()
+    add_listener(show)
+    try:
+        summary = train_flow(config, run_name=recipe.name or "train", precache=recipe.precache)
+    except (TrainingConfigError, CheckpointError, NonFiniteError) as exc:
+        raise _fail(f"error: {exc}") from None
+    finally:
+        remove_listener(show)
+    for entry in summary["rounds"]:
+        state = "already committed" if entry.get("skipped") else f"{entry.get('seconds', 0):.1f} s"
+        typer.echo(f"{entry['round']}: steps {entry['first_step']}-{entry['end_step'] - 1}, {state}")
+    if len(rewards) >= 2:
+        window = max(1, min(4, len(rewards) // 2))
+        first, last = sum(rewards[:window]) / window, sum(rewards[-window:]) / window
+        typer.echo(f"reward: first {window} steps {first:.4f} -> last {window} steps {last:.4f} ({last - first:+.4f})")
+    typer.echo(f"checkpoint: {summary['checkpoint']}")
+    typer.echo(f"exported: {summary['export']}")
+    typer.echo(
+        f"registered model: {summary['registered_model']} version {summary['model_version']} "
+        f"(alias {summary['alias']})"
+    )
+    typer.echo(f"MLflow run: {summary['mlflow_run_url'] or summary['mlflow_run_id']}")
+
+
+def _train_local(config, steps: int | None, device: str, checkpoint_every: int) -> None:
     from unirl_core.io.storage import join
     from unirl_core.train.local import iter_local
 
@@ -263,6 +327,27 @@ def train(
     typer.echo(f"reward: first {window} steps {first:.4f} -> last {window} steps {last:.4f} ({last - first:+.4f})")
     for grid in grids:
         typer.echo(f"samples: {grid}")
+
+
+@app.command(name="export")
+def export_(
+    checkpoint: Annotated[str, typer.Argument(help="A training output_dir, its checkpoints/ folder or a step folder.")],
+    out: Annotated[str, typer.Argument(help="Folder to write (replaced).")],
+    merged: Annotated[
+        bool, typer.Option("--merged", help="A full diffusers pipeline with the LoRA merged, not a peft adapter.")
+    ] = False,
+) -> None:
+    """Export a committed checkpoint: a peft adapter folder (`PeftModel.from_pretrained(denoiser, OUT)`), or with
+    --merged the whole pipeline (`<Pipeline>.from_pretrained(OUT)`)."""
+    _quiet_model_libraries()
+    from unirl_core.train.checkpoint import CheckpointError
+    from unirl_core.train.export import export_checkpoint
+
+    try:
+        written = export_checkpoint(checkpoint, out, merged=merged)
+    except CheckpointError as exc:
+        raise _fail(f"error: {exc}") from None
+    typer.echo(f"exported {'merged pipeline' if merged else 'adapter'} to {written}")
 
 
 def _precache_prompts(recipe, prompts_file: str, cache_dir: str | None) -> None:
@@ -364,7 +449,7 @@ def _rich_progress(label: str):
             def listener(kind: str, amount: int) -> None:
                 if kind == "total_rows":
                     bar.update(rows, total=amount)
-                else:
+                elif kind == "rows":
                     bar.advance(rows, amount)
 
             task_progress.add_listener(listener)

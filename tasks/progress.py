@@ -7,20 +7,21 @@ flow runs under a deployment worker; the Prefect progress artifact covers that c
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import Any
 
-_listeners: list[Callable[[str, int], None]] = []
+_listeners: list[Callable[[str, Any], None]] = []
 
 
-def add_listener(listener: Callable[[str, int], None]) -> None:
+def add_listener(listener: Callable[[str, Any], None]) -> None:
     _listeners.append(listener)
 
 
-def remove_listener(listener: Callable[[str, int], None]) -> None:
+def remove_listener(listener: Callable[[str, Any], None]) -> None:
     if listener in _listeners:
         _listeners.remove(listener)
 
 
-def report(kind: str, amount: int) -> None:
-    """`kind` is "total_rows" (announce the work) or "rows" (rows finished)."""
+def report(kind: str, amount: Any) -> None:
+    """`kind` is "total_rows" (announce the work), "rows" (rows finished) or "train_step" (a metrics row)."""
     for listener in list(_listeners):
         listener(kind, amount)

@@ -3,16 +3,17 @@
 from __future__ import annotations
 
 
-def retry_unless(*permanent: type[BaseException]):
+def retry_unless(*permanent: type[BaseException], transient: tuple[type[BaseException], ...] = ()):
     """A Prefect `retry_condition_fn`: retry I/O trouble (OSError, ConnectionError, TimeoutError: network, 5xx,
-    S3 throttling); never the `permanent` errors (bad input, bad config) nor anything unexpected."""
+    S3 throttling) and the `transient` errors; never the `permanent` errors (bad input, bad config) nor anything
+    unexpected."""
 
     def is_transient(task, task_run, state) -> bool:
         try:
             state.result()
         except permanent:
             return False
-        except (OSError, ConnectionError, TimeoutError):
+        except (OSError, ConnectionError, TimeoutError, *transient):
             return True
         except Exception:
             return False

@@ -30,6 +30,7 @@ from unirl_core.train.checkpoint import CheckpointError, CheckpointManager, conf
 log = logging.getLogger("unirl.trainer")
 
 METRICS_FILE = "metrics.jsonl"
+RAY_RECORD = "ray_processes.json"  # the local Ray of the running round, for the flow's teardown hooks
 CONFIG_FILE = "train_config.json"
 
 
@@ -91,6 +92,14 @@ def validate(config: TrainConfig, precache=None) -> None:
             f"train.warmup.steps: {config.warmup.steps} warm-up steps need the recipe's `precache` section (the "
             "precached latents and text conditioning to train on)"
         )
+    elif config.warmup.steps:
+        keys = [e.key for e in precache.encodings]
+        for name in ("latent_key", "text_key"):
+            if getattr(config.warmup, name) not in keys:
+                problems.append(
+                    f"train.warmup.{name}: {getattr(config.warmup, name)!r} is not an encoding of the recipe's "
+                    f"precache section (it has {keys})"
+                )
     if problems:
         raise TrainingConfigError("training cannot start:\n  " + "\n  ".join(problems))
 
@@ -226,6 +235,17 @@ class _Controller:
         metrics["warmup_samples_per_s"] = len(batch["keys"]) / (time.perf_counter() - started)
         return metrics
 
+    def warmup_eval(self, timeout: float) -> float:
+        """The mean denoising loss on the data's first batch with fixed draws: comparable across the warm-up."""
+        from unirl_core.train.warmup import split_batch
+
+        saved = self.warmup_data.state_dict()
+        self.warmup_data.load_state_dict(saved | {"epoch": 0, "batch_in_epoch": 0})
+        batch = self.warmup_data.next_batch()
+        self.warmup_data.load_state_dict(saved)
+        shares = split_batch(batch, self.config.ray.workers)
+        return float(np.mean(self.group.scatter("warmup_eval", shares, self.config.warmup.seed, timeout=timeout)))
+
     def evaluate(self, step: int, timeout: float) -> str | None:
         from unirl_core.data.sources import build_source, load_eval_prompts
         from unirl_core.train.images import captioned_grid
@@ -325,7 +345,7 @@ def run_round(
         resources["num_gpus"] = int(np.ceil(ray.workers * ray.gpus_per_worker))
     backend = None if ray.backend == "auto" else ray.backend
     with (
-        ray_cluster(ray.address, **resources),
+        ray_cluster(ray.address, **resources, record=out / RAY_RECORD),
         WorkerGroup(
             ray.workers, TrainWorker, ray.cpus_per_worker, ray.gpus_per_worker, backend,
             collective_timeout_s=ray.collective_timeout_s,
@@ -345,6 +365,10 @@ def run_round(
             start = done_through + 1
         summary |= {"resumed_from": done_through, "shard_elements": shards}
         metrics: dict[str, Any] = {}
+        if round_.stage == "warmup":
+            before = controller.warmup_eval(deadline - time.monotonic())
+            tracker.log_metrics({"warmup_eval_loss": before}, start)
+            summary["warmup_eval_loss_before"] = before
         for step in range(start, round_.end):
             remaining = deadline - time.monotonic()
             if remaining <= 0:
@@ -357,10 +381,14 @@ def run_round(
                 metrics = controller.rl_step(step, remaining, want_images=last)
             else:
                 metrics = controller.warmup_step(step, remaining)
+            controller.log(step, metrics)  # before the commit: a step re-run after a kill is logged again, never lost
             due = config.checkpoint_every and (step - round_.stage_start + 1) % config.checkpoint_every == 0
             if due or last:
-                metrics["checkpoint"] = str(controller.checkpoint(step))
-            controller.log(step, metrics)
+                summary["checkpoint"] = str(controller.checkpoint(step))
+        if round_.stage == "warmup":
+            after = controller.warmup_eval(deadline - time.monotonic())
+            tracker.log_metrics({"warmup_eval_loss": after}, round_.end - 1)
+            summary["warmup_eval_loss"] = after
         if round_.stage == "rl" and controller.last_images:
             from unirl_core.train.images import captioned_grid
 
@@ -376,8 +404,7 @@ def run_round(
             summary["eval_samples"] = controller.evaluate(round_.end - 1, deadline - time.monotonic())
         group.run("teardown")
     summary |= {
-        "checkpoint": metrics.get("checkpoint"),
-        "metrics": {k: v for k, v in metrics.items() if k != "checkpoint"},
+        "metrics": metrics,
         "mlflow_run_id": tracker.run_id,
         "seconds": time.monotonic() - started,
     }

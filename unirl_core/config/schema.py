@@ -402,11 +402,12 @@ class WarmupConfig(StrictModel):
     learning_rate: Annotated[float, Field(gt=0)] = 1e-4
     """AdamW learning rate of the warm-up (constant)."""
 
-    latent_key: str = "autoencoderkl_image"
-    """Encoding key of the VAE latents in the precache shards."""
+    latent_key: str = "image_latent"
+    """Encoding key of the VAE latents in the precache shards (an `AutoencoderKLEncoder` of the trained model's VAE)."""
 
     text_key: str = "prompt_conditioning"
-    """Encoding key prefix of the text conditioning (written by the `PipelinePromptEncoder` precache encoder)."""
+    """Encoding key of the text conditioning (a `PipelinePromptEncoder` of the trained model: exactly what rollouts
+    compute)."""
 
     seed: Seed = 0
     """Seed of the epoch order and of the noise and timesteps drawn by the loss."""

@@ -39,6 +39,12 @@ class TorchWorker:
         self.rank, self.world_size = rank, world_size
         return init_process_group(rank, world_size, master_addr, master_port, backend, timeout_s)
 
+    def device_for(self, gpus: float) -> torch.device:
+        """This worker's torch device: its Ray-assigned GPU (visible as cuda:0) when it has one, else the CPU."""
+        if gpus and torch.cuda.is_available():
+            return torch.device("cuda", 0 if ray.get_gpu_ids() else torch.cuda.current_device())
+        return torch.device("cpu")
+
     def all_reduce_sum(self, values: list[float]) -> list[float]:
         tensor = torch.tensor(values, dtype=torch.float64)
         dist.all_reduce(tensor, op=dist.ReduceOp.SUM)
@@ -100,13 +106,21 @@ class WorkerGroup:
         """Call `method` on rank r with `shares[r]` as first argument (then the common ones); results in rank order."""
         if len(shares) != len(self.workers):
             raise ValueError(f"{len(shares)} shares for {len(self.workers)} workers")
-        calls = [getattr(w, method).remote(share, *args, **kwargs) for w, share in zip(self.workers, shares, strict=True)]
+        calls = [
+            getattr(w, method).remote(share, *args, **kwargs) for w, share in zip(self.workers, shares, strict=True)
+        ]
         return self._get(calls, timeout)
 
     def _get(self, refs: list[Any], timeout: float | None) -> list[Any]:
         """Gather; a dead actor (or a peer's collective failing because of it) becomes WorkerLostError."""
         try:
-            return ray.get(refs, timeout=timeout)
+            pending = list(refs)
+            while pending:  # fail at the first error: a peer of a dead rank would wait for its collective timeout
+                ready, pending = ray.wait(pending, num_returns=1, timeout=timeout)
+                if not ready:
+                    raise ray.exceptions.GetTimeoutError(f"no answer within {timeout:.0f} s")
+                ray.get(ready[0])
+            return ray.get(refs)
         except (ray.exceptions.RayActorError, ray.exceptions.GetTimeoutError) as exc:
             raise WorkerLostError(f"a training worker was lost or stopped answering: {exc}") from exc
         except ray.exceptions.RayTaskError as exc:

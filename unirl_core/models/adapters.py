@@ -7,6 +7,7 @@ stack serve every family (Flow-GRPO copies a trainer per model; we do not).
     adapter.decode(latents)                          -> PIL images (VAE decode in chunks)
     adapter.encode_images(images), adapter.noised()  -> image-to-image starts from a condition image
     adapter.trainable / adapter.reference()          -> the trained module; a context with the adapter disabled
+    adapter.denoising_loss(x0, cond, generator)      -> the supervised (warm-up) loss on clean latents
 
 Adding a family (Flux, Qwen-Image, Wan) = one adapter class here (or in its own file) registered in FAMILIES,
 plus a recipe with `train.model.family` set to it.
@@ -19,6 +20,7 @@ import hashlib
 
 import torch
 
+from unirl_core.algorithms.losses import flow_matching_loss
 from unirl_core.rollout.samplers import StepResult, ddim_step, flow_sde_step
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
@@ -134,6 +136,10 @@ class _Adapter:
     def parameters(self) -> list[torch.nn.Parameter]:
         return [p for p in self.trainable.parameters() if p.requires_grad]
 
+    def blocks(self) -> list[torch.nn.Module]:
+        """The trained module's repeated blocks: the units FSDP shards (and checkpoints activations of)."""
+        raise NotImplementedError
+
     @contextlib.contextmanager
     def reference(self):
         """The reference policy: the adapter disabled (LoRA). Full fine-tuning keeps no frozen copy here."""
@@ -194,6 +200,9 @@ class SD3Adapter(_Adapter):
 
     pipeline_class, denoiser_name = "StableDiffusion3Pipeline", "transformer"
 
+    def blocks(self) -> list[torch.nn.Module]:
+        return list(self.trainable.transformer_blocks)
+
     @torch.no_grad()
     def encode_texts(self, texts: list[str]) -> dict:
         embeds, _, pooled, _ = self.pipeline.encode_prompt(
@@ -230,11 +239,35 @@ class SD3Adapter(_Adapter):
             generator=generator,
         )
 
+    def denoising_loss(self, clean_latents: torch.Tensor, cond: dict, generator: torch.Generator) -> torch.Tensor:
+        """SD3's rectified-flow training loss on scaled clean latents x0 [B,C,h,w] and conditioning without a
+        negative half (`encode_texts`). Per sample, from `generator` (in this order): u = sigmoid(n), n ~ N(0, 1)
+        (SD3's logit-normal timestep density), sigma = shift u / (1 + (shift - 1) u) (the scheduler's timestep
+        shift, as diffusers' SD3 training samples its shifted sigmas), then noise ~ N(0, I);
+        x = (1 - sigma) x0 + sigma noise, loss = mean (v - (noise - x0))^2, unweighted, float32."""
+        x0 = clean_latents.to(self.device, torch.float32)
+        u = torch.sigmoid(_randn((x0.shape[0],), generator)).to(self.device)
+        shift = self.pipeline.scheduler.config.shift
+        sigma = shift * u / (1 + (shift - 1) * u)
+        noise = _randn(x0.shape, generator).to(self.device)
+        sigma_B111 = sigma.view(-1, 1, 1, 1)
+        x = (1 - sigma_B111) * x0 + sigma_B111 * noise
+        velocity = self.trainable(
+            hidden_states=x.to(self.dtype), timestep=sigma * 1000.0,
+            encoder_hidden_states=cond["embeds"].to(self.device, self.dtype),
+            pooled_projections=cond["pooled"].to(self.device, self.dtype), return_dict=False,
+        )[0]  # fmt: skip
+        return flow_matching_loss(velocity, noise, x0)
+
 
 class SD15Adapter(_Adapter):
     """StableDiffusionPipeline parts: a UNet predicting epsilon, DDIM with eta (DDPO's sampler)."""
 
     pipeline_class, denoiser_name = "StableDiffusionPipeline", "unet"
+
+    def blocks(self) -> list[torch.nn.Module]:
+        unet = self.trainable
+        return [*unet.down_blocks, unet.mid_block, *unet.up_blocks]
 
     @torch.no_grad()
     def encode_texts(self, texts: list[str]) -> dict:
@@ -264,12 +297,37 @@ class SD15Adapter(_Adapter):
         ]
         return ddim_step(self._guided(eps), x, alpha, alpha_prev, eta, prev_sample=prev_sample, generator=generator)
 
+    def denoising_loss(self, clean_latents: torch.Tensor, cond: dict, generator: torch.Generator) -> torch.Tensor:
+        """DDPM's epsilon loss on scaled clean latents x0 [B,C,h,w] and conditioning without a negative half. Per
+        sample, from `generator` (in this order): t uniform in [0, num_train_timesteps), then noise ~ N(0, I);
+        x_t = scheduler.add_noise(x0, noise, t), loss = mean (eps - noise)^2, unweighted, float32."""
+        scheduler = self.pipeline.scheduler
+        if scheduler.config.prediction_type != "epsilon":
+            raise ValueError(
+                f"scheduler prediction_type={scheduler.config.prediction_type!r}: the sd15 adapter samples and "
+                "trains epsilon prediction only"
+            )
+        x0 = clean_latents.to(self.device, torch.float32)
+        t = torch.randint(
+            0, scheduler.config.num_train_timesteps, (x0.shape[0],), generator=generator, device=generator.device
+        ).to(self.device)
+        noise = _randn(x0.shape, generator).to(self.device)
+        x = scheduler.add_noise(x0, noise, t)
+        embeds = cond["embeds"].to(self.device, self.dtype)
+        eps = self.trainable(x.to(self.dtype), t, encoder_hidden_states=embeds, return_dict=False)[0]
+        return torch.nn.functional.mse_loss(eps.float(), noise)
+
     def latent_shape(self, height: int, width: int) -> tuple[int, int, int]:
         factor = self.pipeline.vae_scale_factor
         return self.trainable.config.in_channels, height // factor, width // factor
 
 
 FAMILIES = {"sd3": SD3Adapter, "sd15": SD15Adapter}
+
+
+def _randn(shape, generator: torch.Generator) -> torch.Tensor:
+    """Standard normal float32 draws on the generator's device (move them after)."""
+    return torch.randn(shape, generator=generator, device=generator.device)
 
 
 def build_adapter(model_config, sampling_config, device: str = "cpu"):

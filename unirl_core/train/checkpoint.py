@@ -97,9 +97,7 @@ class CheckpointManager:
         return folder
 
     @staticmethod
-    def write_data(
-        folder: Path, module: torch.nn.Module, optimizer, extra: dict[str, Any] | None = None
-    ) -> list[str]:
+    def write_data(folder: Path, module: torch.nn.Module, optimizer, extra: dict[str, Any] | None = None) -> list[str]:
         """Every rank: weights (trainable ones), optimizer and `extra` tensors (e.g. the EMA shadow) through DCP,
         one `.distcp` per rank. Returns the stored weight names."""
         import torch.distributed.checkpoint as dcp
@@ -171,7 +169,9 @@ class CheckpointManager:
         if sorted(model_state) != record["model_keys"]:
             missing = sorted(set(record["model_keys"]) ^ set(model_state))[:5]
             raise CheckpointError(f"{folder}: the trained parameters differ from the checkpoint's (e.g. {missing})")
-        state = {"model": model_state} if weights_only else {"model": model_state, "optim": optim_state, **(extra or {})}
+        state = (
+            {"model": model_state} if weights_only else {"model": model_state, "optim": optim_state, **(extra or {})}
+        )
         try:
             dcp.load(state, checkpoint_id=str(folder))
         except (CheckpointException, Exception) as exc:  # DCP's wrapper of per-rank failures is a BaseException

@@ -16,15 +16,6 @@ import torch
 from unirl_core.distributed.worker_group import TorchWorker
 
 
-def _device(gpus: float) -> torch.device:
-    if gpus and torch.cuda.is_available():
-        import ray
-
-        ids = ray.get_gpu_ids()
-        return torch.device("cuda", 0 if ids else torch.cuda.current_device())
-    return torch.device("cpu")
-
-
 def rank_seed(seed: int, step: int, rank: int) -> int:
     """The SDE-noise seed of `rank` at `step`: rank 0 draws as the single-process runner does."""
     from unirl_core.models.adapters import sample_seed
@@ -47,7 +38,7 @@ class TrainWorker(TorchWorker):
         self.config = config = TrainConfig.model_validate_json(config_json)
         self.stage = stage
         torch.set_num_threads(max(1, int(config.ray.cpus_per_worker)))
-        self.device = _device(config.ray.gpus_per_worker)
+        self.device = self.device_for(config.ray.gpus_per_worker)
         if self.device.type == "cuda":
             torch.cuda.set_device(self.device)
         torch.manual_seed(config.sampling.seed)  # identical initial (LoRA) weights on every rank before sharding
@@ -116,6 +107,16 @@ class TrainWorker(TorchWorker):
         if self.ema:
             self.ema.update(step)
         return metrics | {"seconds_train": time.perf_counter() - started}
+
+    @torch.no_grad()
+    def warmup_eval(self, batch: dict[str, Any], seed: int, draws: int = 4) -> float:
+        """The denoising loss on this rank's share of a fixed batch, averaged over `draws` fixed noise draws."""
+        from unirl_core.models.adapters import sample_seed
+
+        latents = batch["latents"].to(self.device)
+        cond = {k: v.to(self.device) for k, v in batch["cond"].items()}
+        generator = torch.Generator().manual_seed(sample_seed(seed, f"eval:{self.rank}"))
+        return sum(self.adapter.denoising_loss(latents, cond, generator).item() for _ in range(draws)) / draws
 
     # --- evaluation -------------------------------------------------------------------------------------------
 

@@ -1,0 +1,18 @@
+"""Run every training round of a recipe in this process, without Prefect (for kill-and-resume tests).
+
+python tests/support/train_rounds.py RECIPE OUTPUT_DIR [dotted.key=value ...]
+"""
+
+from __future__ import annotations
+
+import sys
+
+from unirl_core.config import load_recipe
+from unirl_core.trainer import plan_rounds, run_round
+
+if __name__ == "__main__":
+    recipe, output_dir, *overrides = sys.argv[1:]
+    loaded = load_recipe(recipe, [f"train.output_dir={output_dir}", *overrides])
+    for round_ in plan_rounds(loaded.train):
+        summary = run_round(loaded.train, round_, run_name="resume-test", precache=loaded.precache)
+        print(round_.name, "resumed from", summary.get("resumed_from"), flush=True)

@@ -1,0 +1,213 @@
+"""The data of supervised warm-up rounds: (scaled VAE latent, prompt conditioning) pairs from a finished precache.
+
+    data = WarmupData(precache_config, batch_size=32, latent_key="sd3_latent", text_key="sd3_prompt", seed=0)
+    batch = data.next_batch()             # {"keys": [B], "latents": [B,C,h,w] float32, "cond": {name: [B,...]}}
+    share = split_batch(batch, world)[r]  # rank r's contiguous B / world samples
+    loss = adapter.denoising_loss(share["latents"], share["cond"], generator)
+
+The cache is read through `read_encodings` (identity-checked, no pickle) once, into memory on every rank:
+latents as float32, conditioning at the stored precision. SD3 at 512 px with fp16 conditioning (334 x 4096 x 2 B)
+and latents (16 x 64 x 64 x 4 B) is ~3 MB per sample. Samples are ordered by key, so the order does not depend on
+how many precache tasks wrote the cache; epoch e visits them in the permutation drawn from (seed, e), batches
+never cross an epoch, and the last partial batch is dropped (as `unirl_core.data.sources.PromptListSource`).
+
+Latents are the posterior mean (deterministic: the same sample gives the same x0 every epoch; a cache built with
+`latent: sample` gives its one stored draw instead, with a warning), shifted and scaled like
+`adapter.encode_images`; conditioning is a `PipelinePromptEncoder` encoding, unpacked into the family adapter's
+`encode_texts` dict (float32 here; the adapter casts to its dtype).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+from collections.abc import Mapping
+from typing import Any
+
+import numpy as np
+import torch
+
+from unirl_core.config.precache import PrecacheConfig
+from unirl_core.precache.encoders import pooled_width, unpack_prompt_encoding
+from unirl_core.precache.read import read_encodings
+
+PROMPT_ENCODER = "unirl_core.precache.encoders.PipelinePromptEncoder"
+LATENT_ENCODER = "unirl_core.precache.encoders.AutoencoderKLEncoder"
+logger = logging.getLogger(__name__)
+
+
+def latents_from_encoding(encoding: torch.Tensor, vae_config: Mapping, stored: str = "parameters") -> torch.Tensor:
+    """An `AutoencoderKLEncoder` encoding ([2C,h,w] or [B,2C,h,w] for `stored="parameters"`: mean, then
+    log-variance on the channel axis; [C,h,w] for `mean`/`sample`) -> scaled float32 latents [..., C, h, w]:
+    (mean - shift_factor) * scaling_factor, exactly `_Adapter.encode_images`. `vae_config`: the VAE's config."""
+    latents = encoding.float()
+    if stored == "parameters":
+        latents = latents.chunk(2, dim=-3)[0]  # DiagonalGaussianDistribution's split: mean, logvar
+    if vae_config.get("shift_factor") is not None:
+        latents = latents - vae_config["shift_factor"]
+    return latents * vae_config["scaling_factor"]
+
+
+def split_batch(batch: dict, world_size: int) -> list[dict]:
+    """Rank r's share of a global batch: samples [r B/W, (r+1) B/W) of every entry (keys, tensors, nested dicts)."""
+    size = len(batch["keys"])
+    if size % world_size:
+        raise ValueError(
+            f"a batch of {size} samples does not split evenly over {world_size} ranks ({size} % {world_size} = "
+            f"{size % world_size}); use a batch size that is a multiple of the world size"
+        )
+    share = size // world_size
+    return [_take(batch, r * share, (r + 1) * share) for r in range(world_size)]
+
+
+def _take(value: Any, start: int, stop: int) -> Any:
+    if isinstance(value, dict):
+        return {k: _take(v, start, stop) for k, v in value.items()}
+    return value[start:stop]
+
+
+class WarmupData:
+    """Global batches of `batch_size` (latents, conditioning) pairs from a finished precache, epoch after epoch,
+    resumable exactly through `state_dict()`. Reading happens on first use."""
+
+    def __init__(
+        self,
+        precache: PrecacheConfig,
+        batch_size: int,
+        *,
+        latent_key: str,
+        text_key: str,
+        seed: int = 0,
+        shuffle: bool = True,
+        trusted: bool = False,
+    ):
+        if not precache.output_dir:
+            raise ValueError("warm-up data needs precache.output_dir (the finished cache to read)")
+        self.precache, self.folder = precache, precache.output_dir
+        self.batch_size, self.seed, self.shuffle, self.trusted = batch_size, seed, shuffle, trusted
+        self.latent_key, self.text_key = latent_key, text_key
+        self.latent_config = self._encoder_config(latent_key, LATENT_ENCODER)
+        self.text_config = self._encoder_config(text_key, PROMPT_ENCODER)
+        self.family: str = self.text_config["family"]  # the adapter family the conditioning is for
+        self.epoch, self.batch_in_epoch = 0, 0
+        self._keys: list[str] | None = None
+
+    def _encoder_config(self, key: str, cls: str) -> dict[str, Any]:
+        specs = {spec.key: spec.encoder_config.model_dump() for spec in self.precache.encodings}
+        if key not in specs:
+            raise ValueError(f"{self.folder}: the precache has no encoding {key!r}; it has {sorted(specs)}")
+        if specs[key]["cls"] != cls:
+            raise ValueError(f"{self.folder}: encodings[{key}] is built by {specs[key]['cls']}; warm-up needs {cls}")
+        return specs[key]
+
+    def _load(self) -> None:
+        """Every sample once, sorted by key: scaled latents (float32) and packed conditioning (stored precision)."""
+        if self._keys is not None:
+            return
+        vae_config = _vae_config(self.latent_config)
+        stored = self.latent_config.get("latent", "parameters")
+        if stored == "sample":
+            logger.warning("%s: latents were stored as one VAE sample each; warm-up uses it, not the mean", self.folder)
+        rows = []
+        for sample in read_encodings(self.folder, self.precache, trusted=self.trusted):
+            found = sample["encodings"]
+            missing = [k for k in (self.latent_key, self.text_key) if k not in found]
+            if missing:
+                raise ValueError(f"{self.folder}: sample {sample['key']} lacks {missing}; it has {sorted(found)}")
+            latents = latents_from_encoding(found[self.latent_key], vae_config, stored)
+            rows.append((sample["key"], latents, found[self.text_key]))
+        if len(rows) < self.batch_size:
+            raise ValueError(
+                f"{self.folder} holds {len(rows)} samples, fewer than the warm-up batch size {self.batch_size}: "
+                "precache more samples or lower the batch size"
+            )
+        rows.sort(key=lambda row: row[0])
+        self._latents = _stack([r[1] for r in rows], [r[0] for r in rows], "latents", self.folder)
+        self._packed = _stack([r[2] for r in rows], [r[0] for r in rows], "conditioning", self.folder)
+        self._pooled_dim = pooled_width(self.text_config["pretrained"]) if self.family == "sd3" else None
+        self._keys = [r[0] for r in rows]
+        self._order = self._epoch_order(self.epoch)
+
+    def __len__(self) -> int:
+        self._load()
+        return len(self._keys)
+
+    @property
+    def batches_per_epoch(self) -> int:
+        return len(self) // self.batch_size  # the last partial batch is dropped
+
+    def _epoch_order(self, epoch: int) -> np.ndarray:
+        if not self.shuffle:
+            return np.arange(len(self._keys))
+        return np.random.default_rng([self.seed, epoch]).permutation(len(self._keys))
+
+    def next_batch(self) -> dict:
+        """{"keys": [B], "latents": float32 [B,C,h,w], "cond": {"embeds": float32 [B,T,D][, "pooled": [B,P]]}}."""
+        self._load()
+        if self.batch_in_epoch == self.batches_per_epoch:
+            self.epoch, self.batch_in_epoch = self.epoch + 1, 0
+            self._order = self._epoch_order(self.epoch)
+        start = self.batch_in_epoch * self.batch_size
+        self.batch_in_epoch += 1
+        index = torch.from_numpy(self._order[start : start + self.batch_size])
+        cond = unpack_prompt_encoding(self._packed[index].float(), self.family, self._pooled_dim)
+        return {"keys": [self._keys[i] for i in index.tolist()], "latents": self._latents[index], "cond": cond}
+
+    def _settings(self) -> dict[str, Any]:
+        self._load()
+        return {
+            "batch_size": self.batch_size,
+            "seed": self.seed,
+            "shuffle": self.shuffle,
+            "num_samples": len(self._keys),
+            "keys_sha256": hashlib.sha256("\n".join(self._keys).encode()).hexdigest()[:16],
+        }
+
+    def state_dict(self) -> dict[str, Any]:
+        return {**self._settings(), "epoch": self.epoch, "batch_in_epoch": self.batch_in_epoch}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Continue with exactly the batch after `state`; refuse a state taken over other samples or settings."""
+        changed = {k: (state.get(k), v) for k, v in self._settings().items() if state.get(k) != v}
+        if changed:
+            details = ", ".join(f"{k}: {then!r} then, {now!r} now" for k, (then, now) in changed.items())
+            raise ValueError(
+                f"{self.folder}: the warm-up data changed since this state was saved ({details}); resume with the "
+                "original cache and settings, or start a new run"
+            )
+        self.epoch, self.batch_in_epoch = int(state["epoch"]), int(state["batch_in_epoch"])
+        self._order = self._epoch_order(self.epoch)
+
+
+def _vae_config(encoder_config: dict[str, Any]) -> Mapping:
+    """The config (scaling_factor, shift_factor) of the VAE an `AutoencoderKLEncoder` encoding was made with."""
+    from diffusers import AutoencoderKL
+
+    from unirl_core.models.adapters import resolve_model_path
+
+    subfolder = encoder_config.get("subfolder", "vae")  # AutoencoderKLEncoder's default
+    return AutoencoderKL.load_config(resolve_model_path(encoder_config["pretrained"]), subfolder=subfolder)
+
+
+def _stack(tensors: list[torch.Tensor], keys: list[str], what: str, folder: str) -> torch.Tensor:
+    example = {tuple(t.shape): key for t, key in zip(tensors, keys, strict=True)}  # one key per shape
+    if len(example) > 1:
+        raise ValueError(
+            f"{folder}: {what} of different shapes cannot form a batch ({example}); precache with image_transform "
+            "mode center_crop or resize (one size) and, for text, store_pad_tokens: true"
+        )
+    return torch.stack(tensors)
+
+
+def open_warmup_data(train_config, precache: PrecacheConfig) -> WarmupData:
+    """The warm-up batches a recipe's `train.warmup` asks for, from its `precache` section's finished cache."""
+    warmup = train_config.warmup
+    data = WarmupData(
+        precache, warmup.batch_size, latent_key=warmup.latent_key, text_key=warmup.text_key, seed=warmup.seed
+    )
+    if data.family != train_config.model.family:
+        raise ValueError(
+            f"{precache.output_dir}: the prompt conditioning was precached for family {data.family!r}, but "
+            f"train.model.family is {train_config.model.family!r}"
+        )
+    return data
