@@ -14,6 +14,9 @@ import pytest
 import torch
 
 RECIPE_OVERRIDES = [
+    "train.warmup.steps=3",
+    "train.warmup.batch_size=4",
+    "train.warmup.learning_rate=0.02",
     "train.steps=4",
     "train.steps_per_round=2",
     "train.checkpoint_every=1",
@@ -21,7 +24,7 @@ RECIPE_OVERRIDES = [
     "train.eval_prompts=2",
     "train.ema.decay=0.9",
 ]
-VOLATILE = ("seconds_", "images_per_s")
+VOLATILE = ("seconds", "_per_s")  # timings
 
 
 def load_config(output_dir: Path):
@@ -35,7 +38,7 @@ def metric_rows(output_dir: Path) -> dict[int, dict]:
     rows = {}
     for line in (output_dir / "metrics.jsonl").read_text().splitlines():
         row = json.loads(line)
-        rows[row["step"]] = {k: v for k, v in row.items() if not k.startswith(VOLATILE)}
+        rows[row["step"]] = {k: v for k, v in row.items() if not any(part in k for part in VOLATILE)}
     return rows
 
 
@@ -55,28 +58,38 @@ def tracking(tmp_path_factory):
 
 
 @pytest.fixture(scope="module")
-def reference(prefect_harness, tracking, tmp_path_factory):
+def precache(tmp_path_factory):
+    from warmup_cache import make_warmup_cache
+
+    return make_warmup_cache(tmp_path_factory.mktemp("warmup-cache"))[0]
+
+
+@pytest.fixture(scope="module")
+def reference(prefect_harness, tracking, precache, tmp_path_factory):
     from flows.train import train
 
     output_dir = tmp_path_factory.mktemp("reference")
-    summary = train(load_config(output_dir), run_name="rounds-test")
+    summary = train(load_config(output_dir), run_name="rounds-test", precache=precache)
     return output_dir, summary
 
 
-def test_rounds_run_end_to_end_with_checkpoints_eval_and_samples(reference):
+def test_warmup_then_rl_rounds_run_end_to_end_with_checkpoints_eval_and_samples(reference):
     output_dir, summary = reference
-    assert [r["round"] for r in summary["rounds"]] == ["rl round 0", "rl round 1"]
+    assert [r["round"] for r in summary["rounds"]] == ["warmup round 0", "rl round 0", "rl round 1"]
+    warmup = summary["rounds"][0]
+    assert warmup["warmup_eval_loss"] < warmup["warmup_eval_loss_before"]  # fixed draws on the same batch
     rows = metric_rows(output_dir)
-    assert sorted(rows) == [0, 1, 2, 3]
-    assert rows[0]["ratio_min"] == rows[0]["ratio_max"] == 1.0  # pi_old recomputed at the training geometry
-    assert all(r["grad_norm"] > 0 for r in rows.values())
+    assert sorted(rows) == [0, 1, 2, 3, 4, 5, 6]  # warm-up steps 0-2, RL steps 3-6
+    assert all(rows[s]["stage"] == "warmup" and rows[s]["warmup_loss"] > 0 for s in (0, 1, 2))
+    assert rows[3]["ratio_min"] == rows[3]["ratio_max"] == 1.0  # pi_old recomputed at the training geometry
+    assert all(rows[s]["grad_norm"] > 0 for s in (3, 4, 5, 6))
     committed = sorted(p.name for p in (output_dir / "checkpoints").iterdir())
-    assert committed == ["step_00000002", "step_00000003"]  # every step committed, the last 2 kept
-    record = json.loads((output_dir / "checkpoints/step_00000003/trainer_state.json").read_text())
+    assert committed == ["step_00000005", "step_00000006"]  # every step committed, the last 2 kept
+    record = json.loads((output_dir / "checkpoints/step_00000006/trainer_state.json").read_text())
     assert record["world_size"] == 2 and len(record["rng"]) == 2 and record["stage"] == "rl"
     assert record["mlflow_run_id"] == summary["mlflow_run_id"]
-    assert Path(summary["rounds"][1]["samples"]).is_file()  # one grid per round, prompts as captions
-    assert Path(summary["rounds"][1]["eval_samples"]).is_file()  # evaluation after the last round
+    assert Path(summary["rounds"][1]["samples"]).is_file()  # one grid per RL round, prompts as captions
+    assert Path(summary["rounds"][2]["eval_samples"]).is_file()  # evaluation after the last round
     assert not (output_dir / "ray_processes.json").exists()  # Ray was shut down
 
 
@@ -101,11 +114,12 @@ def test_mlflow_has_params_metrics_images_inputs_and_the_registered_model(refere
     assert run.data.params["algorithm.eta"] == "0.7"  # the flattened resolved recipe
     assert run.data.params["model.lora.target_modules"].startswith('["to_q"')
     history = client.get_metric_history(run.info.run_id, "reward_mean")
-    assert sorted({m.step for m in history}) == [0, 1, 2, 3]
+    assert sorted({m.step for m in history}) == [3, 4, 5, 6]
+    assert len(client.get_metric_history(run.info.run_id, "warmup_loss")) == 3
     assert run.data.tags["prefect.flow_run_id"]
     artifacts = [a.path for a in client.list_artifacts(run.info.run_id)]
     assert "images" in artifacts and "adapter" in artifacts
-    assert [d.dataset.name for d in run.inputs.dataset_inputs] == ["prompts"]
+    assert sorted(d.dataset.name for d in run.inputs.dataset_inputs) == ["precache", "prompts"]
     version = client.get_model_version_by_alias(summary["registered_model"], "candidate")
     assert version.run_id == run.info.run_id and str(version.version) == str(summary["model_version"])
 
@@ -139,7 +153,7 @@ def test_exports_load_with_from_pretrained_and_match_the_trained_model(reference
 def _kill_one_worker_after_first_commit(output_dir: Path, killed: list[int]) -> None:
     deadline = time.monotonic() + 240
     while time.monotonic() < deadline:
-        if (output_dir / "checkpoints/step_00000000/trainer_state.json").is_file():
+        if (output_dir / "checkpoints/step_00000003/trainer_state.json").is_file():  # RL round 0, mid-round
             for process in psutil.process_iter(["cmdline"]):
                 if any("TrainWorker" in part for part in process.info["cmdline"] or []):
                     process.kill()
@@ -148,7 +162,7 @@ def _kill_one_worker_after_first_commit(output_dir: Path, killed: list[int]) -> 
         time.sleep(0.05)
 
 
-def test_a_round_retries_after_a_worker_is_killed_and_ends_as_the_uninterrupted_run(reference, tmp_path):
+def test_a_round_retries_after_a_worker_is_killed_and_ends_as_the_uninterrupted_run(reference, precache, tmp_path):
     from flows.train import train
 
     reference_dir, reference_summary = reference
@@ -156,10 +170,10 @@ def test_a_round_retries_after_a_worker_is_killed_and_ends_as_the_uninterrupted_
     killed: list[int] = []
     killer = threading.Thread(target=_kill_one_worker_after_first_commit, args=(output_dir, killed), daemon=True)
     killer.start()
-    summary = train(load_config(output_dir), run_name="rounds-test-killed")
+    summary = train(load_config(output_dir), run_name="rounds-test-killed", precache=precache)
     killer.join(timeout=5)
     assert killed, "no worker was killed"
-    assert summary["rounds"][0]["resumed_from"] >= 0  # the retried round resumed from a committed checkpoint
+    assert summary["rounds"][1]["resumed_from"] == 3  # the retried RL round resumed from its committed step
     assert metric_rows(output_dir) == {
         step: {**row} for step, row in metric_rows(reference_dir).items()
     }  # bitwise: every reward, loss, ratio, grad norm and lr of every step

@@ -8,49 +8,18 @@ import re
 import image_cases as cases
 import pytest
 import torch
+from warmup_cache import CAPTIONS, make_warmup_cache
 
-from unirl_core.config.precache import PrecacheConfig
-from unirl_core.io.tars import TarShardWriter
 from unirl_core.models.adapters import SD3Adapter, SD15Adapter
-from unirl_core.precache.stages import run_task
 from unirl_core.train.warmup import WarmupData, split_batch
 
 pytestmark = pytest.mark.slow
-
-CAPTIONS = ["a red square", "two blue circles", "a green gradient at dusk", "stripes", "a small house", "", "x" * 90]
 
 
 @pytest.fixture(scope="module")
 def cache(tmp_path_factory):
     """8 samples (32 px PNG + caption) in 2 source shards, precached with the tiny SD3 VAE and prompt encoder."""
-    folder = tmp_path_factory.mktemp("warmup")
-    sources = {}
-    for shard in range(2):
-        with TarShardWriter(str(folder / "src" / f"{shard:05d}.tar")) as writer:
-            for i in range(4):
-                number = 4 * shard + i
-                image, caption = cases.procedural(32, 32, seed=number), CAPTIONS[number % len(CAPTIONS)]
-                writer.write(f"{number:09d}", {"png": cases.encode(image, "PNG"), "txt": caption.encode()})
-                sources[f"{shard:05d}.tar/{number:09d}"] = (image, caption)
-            writer.commit()
-    config = PrecacheConfig.model_validate(
-        {
-            "input_dir": str(folder / "src"),
-            "output_dir": str(folder / "out"),
-            "batch_size_per_GPU": 3,
-            "dataloader_num_workers": 0,
-            "image_transform": {"size": 32},
-            "encodings": [
-                {"modality": "image", "extension": "png", "key": "sd3_latent", "precision": 32,
-                 "encoder_config": {"cls": "unirl_core.precache.encoders.AutoencoderKLEncoder", "pretrained": "tiny:sd3"}},
-                {"modality": "text", "extension": "txt", "key": "sd3_prompt", "precision": 32,
-                 "encoder_config": {"cls": "unirl_core.precache.encoders.PipelinePromptEncoder", "pretrained": "tiny:sd3",
-                                    "family": "sd3"}},
-            ],
-        }
-    )  # fmt: skip
-    run_task(config, 0, 1)
-    return config, sources
+    return make_warmup_cache(tmp_path_factory.mktemp("warmup"), latent_key="sd3_latent", text_key="sd3_prompt")
 
 
 @pytest.fixture(scope="module")

@@ -1,0 +1,226 @@
+"""Round overhead: the same RL steps in one bare process (the single-process runner, `iter_local`) vs the Prefect
+`train` flow running them as a round on a local Ray with 1 and 2 FSDP workers.
+
+    .venv/bin/python benchmarks/round_overhead.py [--model mid-sd3] [--steps 5] [--skip 1] [--inference-steps 4]
+                                                  [--px 64] [--cpus N] [--modes bare,bare-1t,ray-1,ray-2]
+
+Every mode runs the `demo` recipe (2 prompts x 4 samples, LoRA rank 8, CFG off, jpeg_compressibility) on a model of
+rl_step.py built from config with random weights (mid-sd3 by default: 4 layers x 256 wide, ~9 M parameters, 64 px,
+4 denoising steps: several seconds per step on 2 CPU cores, so compute dominates), at learning rate 1e-4, with its
+own fresh output_dir; the rounds track into one sqlite MLflow in a temporary folder and run under a temporary
+Prefect API (created before the first round and not counted).
+
+  bare      iter_local in this process, torch threads = all cores (the baseline of every ratio)
+  bare-1t   the same with torch.set_num_threads(1): what one core does alone
+  ray-1     the train flow, 1 worker with --cpus CPUs (torch threads = cpus_per_worker)
+  ray-2     the train flow, 2 workers with --cpus / 2 CPUs each (each rank rolls out and trains half the groups)
+
+A step's time is the wall time between the ends of consecutive steps (the runner yielding a row, or the controller
+logging one: scatter, gather, advantages, metrics.jsonl and MLflow included); the first --skip steps are warm-up.
+startup = wall time to the first step's end minus one steady step (flow and task start, MLflow run and params,
+Ray start, workers building and sharding the model; model loading for the bare runner); finish = wall time after the
+last step's end (checkpoint, sample grid, Ray teardown, export and model registration). Goal: steady-state
+round / bare <= 1.10x.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "benchmarks"))
+
+os.environ.setdefault("RAY_AUTH_MODE", "disabled")
+os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
+os.environ.setdefault("MLFLOW_DISABLE_TELEMETRY", "true")
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", "120")
+os.environ.setdefault("PREFECT_LOGGING_LEVEL", "WARNING")
+
+from rl_step import SHAPES, build_model  # noqa: E402
+
+from unirl_core.config import load_recipe  # noqa: E402
+
+GOAL = 1.10
+
+
+def recipe(path: str, out: Path, args, workers: int = 1, cpus_per_worker: float = 1):
+    return load_recipe(
+        "demo",
+        [
+            f"train.output_dir={out}",
+            f"train.model.path={path}",
+            f"train.sampling.height={args.px}",
+            f"train.sampling.width={args.px}",
+            f"train.sampling.num_inference_steps={args.inference_steps}",
+            "train.algorithm.learning_rate=1e-4",  # the demo's 0.1 is for the tiny model
+            f"train.steps={args.steps}",
+            f"train.ray.workers={workers}",
+            f"train.ray.cpus_per_worker={cpus_per_worker}",
+        ],
+    ).train
+
+
+def summarize(mode: str, workers: int, threads: int, started: float, stamps: list[float], rows: list[dict],
+              ended: float, skip: int, images: int) -> dict:  # fmt: skip
+    steady = (stamps[-1] - stamps[skip - 1]) / (len(stamps) - skip)
+    counted = rows[skip:]
+    return {
+        "mode": mode,
+        "workers": workers,
+        "threads": threads,
+        "s_per_step": steady,
+        "images_per_s": images / steady,
+        "rollout": statistics.mean(r["seconds_rollout"] + r["seconds_reward"] for r in counted),
+        "train": statistics.mean(r["seconds_train"] for r in counted),
+        "startup": stamps[0] - started - steady,
+        "finish": ended - stamps[-1],
+        "wall": ended - started,
+    }
+
+
+def run_bare(path: str, out: Path, args, threads: int, images: int) -> dict:
+    from unirl_core.train.local import iter_local
+
+    before = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        config = recipe(path, out, args)
+        stamps, rows = [], []
+        started = time.perf_counter()
+        for row in iter_local(config, args.steps):
+            stamps.append(time.perf_counter())
+            rows.append(row)
+        ended = time.perf_counter()
+    finally:
+        torch.set_num_threads(before)
+    mode = "bare" if threads == before else f"bare-{threads}t"
+    return summarize(mode, 1, threads, started, stamps, rows, ended, args.skip, images)
+
+
+def run_round(path: str, out: Path, args, workers: int, images: int) -> dict:
+    from flows.train import train
+    from tasks.progress import add_listener, remove_listener
+
+    cpus = args.cpus / workers
+    config = recipe(path, out, args, workers=workers, cpus_per_worker=cpus)
+    stamps, rows = [], []
+
+    def listener(kind, row):
+        if kind == "train_step":
+            stamps.append(time.perf_counter())
+            rows.append(row)
+
+    add_listener(listener)
+    try:
+        started = time.perf_counter()
+        summary = train(config, run_name=f"round-overhead-{workers}w")
+        ended = time.perf_counter()
+    finally:
+        remove_listener(listener)
+    if len(rows) != args.steps:
+        raise RuntimeError(f"ray-{workers}: {len(rows)} step rows reported, expected {args.steps}")
+    result = summarize(f"ray-{workers}", workers, max(1, int(cpus)), started, stamps, rows, ended, args.skip, images)
+    result["round_seconds"] = summary["rounds"][0]["seconds"]
+    return result
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--model", default="mid-sd3", choices=[k for k, v in SHAPES.items() if v[0] == "sd3"])
+    parser.add_argument("--steps", type=int, default=5, help="RL steps per mode (one round)")
+    parser.add_argument("--skip", type=int, default=1, help="warm-up steps left out of the steady state (>= 1)")
+    parser.add_argument("--inference-steps", type=int, default=4)
+    parser.add_argument("--px", type=int, default=None, help="image size (default: the model's, from rl_step.py)")
+    parser.add_argument("--cpus", type=int, default=os.cpu_count(), help="CPUs of the Ray rounds (and bare threads)")
+    parser.add_argument("--modes", default="bare,bare-1t,ray-1,ray-2")
+    args = parser.parse_args()
+    args.px = args.px or SHAPES[args.model][2]
+    if not 1 <= args.skip < args.steps:
+        parser.error("--skip must be at least 1 and less than --steps")
+    modes = args.modes.split(",")
+    unknown = set(modes) - {"bare", "bare-1t", "ray-1", "ray-2"}
+    if unknown:
+        parser.error(f"unknown modes {sorted(unknown)}")
+    if "ray-2" in modes and args.cpus % 2:
+        parser.error("ray-2 splits --cpus over 2 workers: use an even --cpus")
+
+    from unirl_core.models.logs import quiet_model_libraries
+
+    quiet_model_libraries()
+    torch.set_num_threads(args.cpus)
+    images = 8  # the demo recipe: 2 prompts x 4 samples
+    results = []
+    with tempfile.TemporaryDirectory(prefix="round-overhead-") as tmp:
+        tmp = Path(tmp)
+        os.environ["MLFLOW_TRACKING_URI"] = f"sqlite:///{tmp / 'mlflow.db'}"
+        path, params = build_model(args.model, tmp / "models")
+        print(
+            f"{args.model}: {params / 1e6:.1f} M parameters, {args.px} px, {args.inference_steps} denoising steps, "
+            f"{images} images per step, {args.steps} steps per mode ({args.skip} warm-up), {args.cpus} CPUs, "
+            f"{os.cpu_count()} cores on this machine",
+            flush=True,
+        )
+        for mode in [m for m in modes if m.startswith("bare")]:
+            threads = args.cpus if mode == "bare" else 1
+            results.append(run_bare(path, tmp / f"out-{mode}", args, threads, images))
+            print(f"  {mode}: {results[-1]['s_per_step']:.2f} s/step", flush=True)
+        rounds = [m for m in modes if m.startswith("ray")]
+        if rounds:
+            from mlflow.tracking import MlflowClient
+            from prefect.testing.utilities import prefect_test_harness
+
+            started = time.perf_counter()
+            MlflowClient(os.environ["MLFLOW_TRACKING_URI"]).search_experiments()  # creates the database
+            created = time.perf_counter() - started
+            started = time.perf_counter()
+            with prefect_test_harness(server_startup_timeout=120):
+                print(
+                    f"  (not counted: MLflow sqlite created in {created:.1f} s, temporary Prefect API started in "
+                    f"{time.perf_counter() - started:.1f} s)",
+                    flush=True,
+                )
+                for mode in rounds:
+                    workers = int(mode.split("-")[1])
+                    results.append(run_round(path, tmp / f"out-{mode}", args, workers, images))
+                    print(f"  {mode}: {results[-1]['s_per_step']:.2f} s/step", flush=True)
+
+    base = next((r for r in results if r["mode"] == "bare"), None)
+    print()
+    print(
+        f"{'mode':<8} {'workers':>7} {'threads':>7} {'s/step':>7} {'img/s':>6} {'vs bare':>7} {'rollout':>7} "
+        f"{'train':>6} {'startup s':>9} {'finish s':>8} {'wall s':>7}"
+    )
+    for r in results:
+        ratio = f"{r['s_per_step'] / base['s_per_step']:.2f}x" if base else "-"
+        print(
+            f"{r['mode']:<8} {r['workers']:>7} {r['threads']:>7} {r['s_per_step']:>7.2f} {r['images_per_s']:>6.2f} "
+            f"{ratio:>7} {r['rollout']:>7.2f} {r['train']:>6.2f} {r['startup']:>9.1f} {r['finish']:>8.1f} "
+            f"{r['wall']:>7.1f}"
+        )
+    print(
+        "s/step: steady state; rollout (incl. reward) and train: the slowest rank's seconds per step; startup: to "
+        "the first step's end minus one steady step; finish: after the last step's end"
+    )
+    if base:
+        for r in results:
+            if r["mode"].startswith("ray"):
+                ratio = r["s_per_step"] / base["s_per_step"]
+                verdict = "met" if ratio <= GOAL else "not met"
+                print(
+                    f"goal <= {GOAL:.2f}x: {verdict} for {r['mode']} ({ratio:.2f}x at steady state; startup "
+                    f"{r['startup']:.1f} s vs {base['startup']:.1f} s bare, finish {r['finish']:.1f} s)"
+                )
+
+
+if __name__ == "__main__":
+    main()
