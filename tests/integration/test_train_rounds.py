@@ -5,6 +5,10 @@ that retries after one of its workers is killed and ends with exactly the uninte
 from __future__ import annotations
 
 import json
+import os
+import signal
+import subprocess
+import sys
 import threading
 import time
 from pathlib import Path
@@ -179,4 +183,36 @@ def test_a_round_retries_after_a_worker_is_killed_and_ends_as_the_uninterrupted_
     }  # bitwise: every reward, loss, ratio, grad norm and lr of every step
     expected, got = final_weights(reference_dir), final_weights(output_dir)
     assert expected.keys() == got.keys()
+    assert all(torch.equal(expected[k], got[k]) for k in expected)
+
+
+def test_a_run_killed_mid_round_resumes_with_exactly_the_uninterrupted_steps(reference, precache, tmp_path, tracking):
+    """SIGKILL the whole training process (controller, and the local Ray it started) mid-round, run it again: the
+    steps after the last committed checkpoint equal the uninterrupted run's bitwise, and so do the final weights."""
+    from unirl_core.distributed.cluster import stop_recorded
+    from unirl_core.trainer import RAY_RECORD
+
+    reference_dir, _ = reference
+    output_dir = tmp_path / "sigkilled"
+    (tmp_path / "precache.json").write_text(precache.model_dump_json())
+    script = Path(__file__).parents[1] / "support" / "train_rounds.py"
+    command = [sys.executable, str(script), "demo", str(output_dir), str(tmp_path / "precache.json"), *RECIPE_OVERRIDES]
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).parents[2])}
+    process = subprocess.Popen(command, env=env, start_new_session=True, stdout=subprocess.PIPE,
+                               stderr=subprocess.STDOUT)  # fmt: skip
+    marker = output_dir / "checkpoints/step_00000005/trainer_state.json"  # RL round 1, its first step
+    deadline = time.monotonic() + 300
+    while not marker.is_file() and process.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert process.poll() is None, process.stdout.read().decode()[-3000:]
+    os.killpg(process.pid, signal.SIGKILL)
+    process.wait()
+    stop_recorded(output_dir / RAY_RECORD)  # what the flow's on_crashed hook does
+    assert not (output_dir / "checkpoints/step_00000006").exists()
+
+    rerun = subprocess.run(command, env=env, capture_output=True, text=True, timeout=600)
+    assert rerun.returncode == 0, rerun.stdout[-3000:] + rerun.stderr[-3000:]
+    assert "rl round 1 resumed from 5" in rerun.stdout
+    assert metric_rows(output_dir) == metric_rows(reference_dir)
+    expected, got = final_weights(reference_dir), final_weights(output_dir)
     assert all(torch.equal(expected[k], got[k]) for k in expected)
