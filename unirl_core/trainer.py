@@ -75,7 +75,10 @@ def validate(config: TrainConfig, precache=None) -> None:
     problems = [f"train.{path}: {value!r} must be {message}" for path, value, message in config.distributed_problems()]
     from unirl_core.data.sources import build_source
 
-    source = build_source(config.data)
+    try:
+        source = build_source(config.data)
+    except ValueError as exc:
+        raise TrainingConfigError(f"training cannot start: train.data: {exc}") from None
     available = getattr(source, "prompts", None)
     if available is not None and len(available) < config.data.prompts_per_rollout:
         problems.append(

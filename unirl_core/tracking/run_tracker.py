@@ -46,12 +46,12 @@ class RunTracker:
         self.failures = 0
         self.client = None
 
-    # every call below goes through here
+    # every call below goes through here; `call`: a client method name, or a function
     def _guard(self, what: str, call, *args, **kwargs):
         if self.client is None or self.run_id is None:
             return None
         try:
-            return call(*args, **kwargs)
+            return (getattr(self.client, call) if isinstance(call, str) else call)(*args, **kwargs)
         except Exception as exc:  # tracking must never stop training
             self.failures += 1
             log.warning("MLflow: %s not logged (%s); training continues", what, str(exc).splitlines()[0][:200])
@@ -95,13 +95,13 @@ class RunTracker:
 
         items = [Param(k, str(v)) for k, v in flatten(dict(params)).items()]
         for start in range(0, len(items), 100):  # MLflow's batch limit
-            self._guard("params", self.client.log_batch, self.run_id, params=items[start : start + 100])
+            self._guard("params", "log_batch", self.run_id, params=items[start : start + 100])
 
     def set_tags(self, tags: Mapping[str, str]) -> None:
         from mlflow.entities import RunTag
 
         if tags:
-            self._guard("tags", self.client.log_batch, self.run_id, tags=[RunTag(k, str(v)) for k, v in tags.items()])
+            self._guard("tags", "log_batch", self.run_id, tags=[RunTag(k, str(v)) for k, v in tags.items()])
 
     def log_metrics(self, metrics: Mapping[str, float], step: int) -> None:
         """One batch call per step (one round trip to a server)."""
@@ -111,13 +111,13 @@ class RunTracker:
 
         now = int(time.time() * 1000)
         items = [Metric(k, float(v), now, step) for k, v in metrics.items() if isinstance(v, int | float)]
-        self._guard(f"metrics of step {step}", self.client.log_batch, self.run_id, metrics=items)
+        self._guard(f"metrics of step {step}", "log_batch", self.run_id, metrics=items)
 
     def log_image(self, image, key: str, step: int) -> None:
-        self._guard(f"image {key}", self.client.log_image, self.run_id, image, key=key, step=step)
+        self._guard(f"image {key}", "log_image", self.run_id, image, key=key, step=step)
 
     def log_text(self, text: str, artifact_file: str) -> None:
-        self._guard(artifact_file, self.client.log_text, self.run_id, text, artifact_file)
+        self._guard(artifact_file, "log_text", self.run_id, text, artifact_file)
 
     def log_dataset(self, name: str, source: str, digest: str, context: str = "training") -> None:
         """A dataset as an MLflow input (shown on the run page), identified by a content digest."""
@@ -125,7 +125,7 @@ class RunTracker:
 
         dataset = Dataset(name=name, digest=digest[:36], source_type="unirl", source=json.dumps({"uri": source}))
         entry = DatasetInput(dataset, tags=[InputTag("mlflow.data.context", context)])
-        self._guard(f"dataset {name}", self.client.log_inputs, self.run_id, datasets=[entry])
+        self._guard(f"dataset {name}", "log_inputs", self.run_id, datasets=[entry])
 
     def register(self, local_dir: str, artifact_path: str, model_name: str, alias: str) -> str | None:
         """Log a model folder as artifacts and register it as a new version of `model_name` with `alias`."""
@@ -143,7 +143,7 @@ class RunTracker:
         return self._guard(f"model {model_name}", _register)
 
     def finish(self, status: str = "FINISHED") -> None:
-        self._guard("run status", self.client.set_terminated, self.run_id, status)
+        self._guard("run status", "set_terminated", self.run_id, status)
 
     def url(self) -> str | None:
         """The run page when the tracking URI is a server (http); else None."""
@@ -152,6 +152,6 @@ class RunTracker:
         uri = tracking_uri()
         if not self.run_id or not uri.startswith("http"):
             return None
-        run = self._guard("run lookup", self.client.get_run, self.run_id)
+        run = self._guard("run lookup", "get_run", self.run_id)
         experiment = run.info.experiment_id if run else "0"
         return f"{uri.rstrip('/')}/#/experiments/{experiment}/runs/{self.run_id}"

@@ -38,9 +38,19 @@ class CheckpointError(RuntimeError):
     """A checkpoint that cannot be used (corrupt, or from another config or world size), naming the file."""
 
 
+# Settings that may change between a run and its resume: where and how it runs, not what it computes. (The
+# world size is checked on its own, with its own message.)
+RESUMABLE_CHANGES = {
+    "output_dir", "ray", "steps_per_round", "checkpoint_every", "keep_checkpoints", "eval_every_rounds",
+    "eval_prompts", "tracking",
+}  # fmt: skip
+
+
 def config_hash(config) -> str:
-    """Digest of what must not change across a resume (the resolved train config)."""
-    return hashlib.sha256(config.model_dump_json().encode()).hexdigest()[:16]
+    """Digest of what must not change across a resume: the resolved train config without RESUMABLE_CHANGES."""
+    kept = config.model_dump(mode="json", exclude=RESUMABLE_CHANGES & set(type(config).model_fields))
+    kept.get("warmup", {}).pop("steps_per_round", None)
+    return hashlib.sha256(json.dumps(kept, sort_keys=True).encode()).hexdigest()[:16]
 
 
 def rng_state() -> dict[str, Any]:
