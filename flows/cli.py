@@ -250,9 +250,13 @@ def _train_rounds(recipe) -> None:
     from tasks.progress import add_listener, remove_listener
     from unirl_core.train.checkpoint import CheckpointError
     from unirl_core.train.stack import NonFiniteError
-    from unirl_core.trainer import TrainingConfigError, plan_rounds
+    from unirl_core.trainer import TrainingConfigError, plan_rounds, validate
 
     config = recipe.train
+    try:
+        validate(config, recipe.precache)  # before any Prefect or Ray work
+    except TrainingConfigError as exc:
+        raise _fail(f"error: {exc}") from None
     rounds = plan_rounds(config)
     typer.echo(
         f"training {config.model.family} ({config.model.path}): {len(rounds)} rounds "

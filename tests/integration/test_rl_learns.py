@@ -59,5 +59,7 @@ def test_unirl_train_local_prints_metrics_and_saves_sample_grids(tmp_path):
     assert "reward: first 1 steps" in result.stdout
     for name in ("step_00000.png", "step_00002.png"):
         assert (tmp_path / "out" / "samples" / name).stat().st_size > 0
-    refused = CliRunner().invoke(app, ["train", "demo"])
-    assert refused.exit_code == 2 and "--local" in refused.output
+    # without --local: the training rounds, which refuse a batch that cannot split over the workers before any
+    # Prefect or Ray work, with the arithmetic
+    refused = CliRunner().invoke(app, ["train", "demo", "--set", "train.data.prompts_per_rollout=3"])
+    assert refused.exit_code == 2 and "3 groups must divide over 2 workers (3 % 2 = 1)" in refused.output

@@ -186,18 +186,25 @@ def test_a_round_retries_after_a_worker_is_killed_and_ends_as_the_uninterrupted_
     assert all(torch.equal(expected[k], got[k]) for k in expected)
 
 
-def test_a_run_killed_mid_round_resumes_with_exactly_the_uninterrupted_steps(reference, precache, tmp_path, tracking):
-    """SIGKILL the whole training process (controller, and the local Ray it started) mid-round, run it again: the
-    steps after the last committed checkpoint equal the uninterrupted run's bitwise, and so do the final weights."""
+def test_unirl_train_killed_mid_round_resumes_with_exactly_the_uninterrupted_steps(reference, precache, tmp_path):
+    """`unirl train RECIPE` (warm-up + RL rounds on 2 workers) SIGKILLed mid-round with the local Ray it started,
+    then run again: the steps after the last committed checkpoint equal the uninterrupted run's bitwise, and so do
+    the final weights."""
+    import yaml
+    from prefect.settings import PREFECT_API_URL
+
+    from unirl_core.config import load_recipe
     from unirl_core.distributed.cluster import stop_recorded
     from unirl_core.trainer import RAY_RECORD
 
     reference_dir, _ = reference
     output_dir = tmp_path / "sigkilled"
-    (tmp_path / "precache.json").write_text(precache.model_dump_json())
-    script = Path(__file__).parents[1] / "support" / "train_rounds.py"
-    command = [sys.executable, str(script), "demo", str(output_dir), str(tmp_path / "precache.json"), *RECIPE_OVERRIDES]
-    env = {**os.environ, "PYTHONPATH": str(Path(__file__).parents[2])}
+    recipe = load_recipe("demo", [f"train.output_dir={output_dir}", *RECIPE_OVERRIDES])
+    recipe = recipe.model_copy(update={"name": "killed", "precache": precache})
+    recipe_path = tmp_path / "killed.yaml"
+    recipe_path.write_text(yaml.safe_dump(recipe.model_dump(mode="json", exclude_none=True)))
+    command = [str(Path(sys.executable).parent / "unirl"), "train", str(recipe_path)]
+    env = {**os.environ, "PREFECT_API_URL": PREFECT_API_URL.value()}
     process = subprocess.Popen(command, env=env, start_new_session=True, stdout=subprocess.PIPE,
                                stderr=subprocess.STDOUT)  # fmt: skip
     marker = output_dir / "checkpoints/step_00000005/trainer_state.json"  # RL round 1, its first step
@@ -207,12 +214,14 @@ def test_a_run_killed_mid_round_resumes_with_exactly_the_uninterrupted_steps(ref
     assert process.poll() is None, process.stdout.read().decode()[-3000:]
     os.killpg(process.pid, signal.SIGKILL)
     process.wait()
-    stop_recorded(output_dir / RAY_RECORD)  # what the flow's on_crashed hook does
+    stop_recorded(output_dir / RAY_RECORD)  # what the flow's on_crashed hook does under a worker
     assert not (output_dir / "checkpoints/step_00000006").exists()
 
     rerun = subprocess.run(command, env=env, capture_output=True, text=True, timeout=600)
     assert rerun.returncode == 0, rerun.stdout[-3000:] + rerun.stderr[-3000:]
-    assert "rl round 1 resumed from 5" in rerun.stdout
+    assert "warmup round 0: steps 0-2, already committed" in rerun.stdout
+    assert "rl round 0: steps 3-4, already committed" in rerun.stdout
+    assert "registered model: unirl-killed version 1 (alias candidate)" in rerun.stdout
     assert metric_rows(output_dir) == metric_rows(reference_dir)
     expected, got = final_weights(reference_dir), final_weights(output_dir)
     assert all(torch.equal(expected[k], got[k]) for k in expected)

@@ -9,6 +9,7 @@ removes the placement group, so a failed call never leaves CPUs held for the nex
 from __future__ import annotations
 
 import contextlib
+import re
 from typing import Any
 
 import ray
@@ -18,6 +19,17 @@ from ray.util.placement_group import placement_group, remove_placement_group
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
 from unirl_core.distributed.process_group import free_port, init_process_group
+
+# Failures of the cluster rather than of the computation: the round retries from its last committed checkpoint.
+LOST = (
+    ray.exceptions.RayActorError,  # actor died (incl. ActorDiedError), e.g. killed or OOM-killed by the kernel
+    ray.exceptions.GetTimeoutError,
+    ray.exceptions.OutOfMemoryError,  # Ray's memory monitor killed a worker
+    ray.exceptions.NodeDiedError,
+    ray.exceptions.WorkerCrashedError,
+)
+# A collective (gloo / nccl) timing out or losing its peer, raised inside a live worker.
+COLLECTIVE_FAILURE = re.compile(r"gloo|nccl|Connection closed by peer|Connection reset by peer|timed out", re.I)
 
 
 class WorkerLostError(RuntimeError):
@@ -121,12 +133,14 @@ class WorkerGroup:
                     raise ray.exceptions.GetTimeoutError(f"no answer within {timeout:.0f} s")
                 ray.get(ready[0])
             return ray.get(refs)
-        except (ray.exceptions.RayActorError, ray.exceptions.GetTimeoutError) as exc:
+        except LOST as exc:
             raise WorkerLostError(f"a training worker was lost or stopped answering: {exc}") from exc
         except ray.exceptions.RayTaskError as exc:
             dead = self.dead_ranks()
             if dead:
                 raise WorkerLostError(f"training worker rank(s) {dead} died; a peer failed with: {exc}") from exc
+            if COLLECTIVE_FAILURE.search(str(exc)):
+                raise WorkerLostError(f"a collective between the training workers failed: {exc}") from exc
             raise
 
     def dead_ranks(self, timeout: float = 10) -> list[int]:
