@@ -12,7 +12,7 @@ export RAY_USAGE_STATS_ENABLED := 0
 export PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS := 120
 export DO_NOT_TRACK := 1
 
-.PHONY: install test lint format clean
+.PHONY: install test lint format clean demo
 
 install: $(STAMP)
 
@@ -34,6 +34,10 @@ format: install
 
 test: lint
 	$(BIN)/python -m pytest
+
+# The whole pipeline on this machine's CPU: synthetic data -> ingest -> precache -> warm-up -> RL rounds.
+demo: install
+	$(BIN)/unirl demo
 
 # Removes the virtualenv and caches. Never the workspace (.unirl): it holds your runs, data and checkpoints.
 clean:

@@ -10,17 +10,16 @@ rl_step.py built from config with random weights (mid-sd3 by default: 4 layers x
 own fresh output_dir; the rounds track into one sqlite MLflow in a temporary folder and run under a temporary
 Prefect API (created before the first round and not counted).
 
-  bare      iter_local in this process, torch threads = all cores (the baseline of every ratio)
+  bare      iter_local in this process, torch threads = --cpus (all cores by default; the baseline of every ratio)
   bare-1t   the same with torch.set_num_threads(1): what one core does alone
   ray-1     the train flow, 1 worker with --cpus CPUs (torch threads = cpus_per_worker)
   ray-2     the train flow, 2 workers with --cpus / 2 CPUs each (each rank rolls out and trains half the groups)
 
 A step's time is the wall time between the ends of consecutive steps (the runner yielding a row, or the controller
 logging one: scatter, gather, advantages, metrics.jsonl and MLflow included); the first --skip steps are warm-up.
-startup = wall time to the first step's end minus one steady step (flow and task start, MLflow run and params,
-Ray start, workers building and sharding the model; model loading for the bare runner); finish = wall time after the
-last step's end (checkpoint, sample grid, Ray teardown, export and model registration). Goal: steady-state
-round / bare <= 1.10x.
+startup = wall time to the first step's start (flow and task start, MLflow run and params, Ray start, workers
+building and sharding the model; model loading for the bare runner); finish = wall time after the last step's end
+(checkpoint, sample grid, Ray teardown, export and model registration). Goal: steady-state round / bare <= 1.10x.
 """
 
 from __future__ import annotations
@@ -48,6 +47,7 @@ os.environ.setdefault("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", "120")
 os.environ.setdefault("PREFECT_LOGGING_LEVEL", "WARNING")
 os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
 os.environ.setdefault("DO_NOT_TRACK", "1")
+os.environ.setdefault("MLFLOW_LOGGING_LEVEL", "WARNING")
 warnings.filterwarnings("ignore", message="torch.distributed is disabled")  # the export reads a checkpoint alone
 
 from rl_step import SHAPES, build_model  # noqa: E402
@@ -86,9 +86,10 @@ def summarize(mode: str, workers: int, threads: int, started: float, stamps: lis
         "images_per_s": images / steady,
         "rollout": statistics.mean(r["seconds_rollout"] + r["seconds_reward"] for r in counted),
         "train": statistics.mean(r["seconds_train"] for r in counted),
-        "startup": stamps[0] - started - steady,
+        "startup": stamps[0] - started - images / rows[0]["images_per_s"],  # to the first step's start
         "finish": ended - stamps[-1],
         "wall": ended - started,
+        "periods": [b - a for a, b in zip(stamps[skip - 1 :], stamps[skip:], strict=False)],
     }
 
 
@@ -138,9 +139,14 @@ def run_round(path: str, out: Path, args, workers: int, images: int) -> dict:
     return result
 
 
+def progress(r: dict) -> None:
+    periods = " ".join(f"{p:.2f}" for p in r["periods"])
+    print(f"  {r['mode']}: {r['s_per_step']:.2f} s/step (steady steps: {periods}), wall {r['wall']:.0f} s", flush=True)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--model", default="mid-sd3", choices=[k for k, v in SHAPES.items() if v[0] == "sd3"])
+    parser.add_argument("--model", default="mid-sd3", choices=["tiny-sd3", "mid-sd3", "wide-sd3"])
     parser.add_argument("--steps", type=int, default=5, help="RL steps per mode (one round)")
     parser.add_argument("--skip", type=int, default=1, help="warm-up steps left out of the steady state (>= 1)")
     parser.add_argument("--inference-steps", type=int, default=4)
@@ -177,7 +183,7 @@ def main() -> None:
         for mode in [m for m in modes if m.startswith("bare")]:
             threads = args.cpus if mode == "bare" else 1
             results.append(run_bare(path, tmp / f"out-{mode}", args, threads, images))
-            print(f"  {mode}: {results[-1]['s_per_step']:.2f} s/step", flush=True)
+            progress(results[-1])
         rounds = [m for m in modes if m.startswith("ray")]
         if rounds:
             from mlflow.tracking import MlflowClient
@@ -196,7 +202,7 @@ def main() -> None:
                 for mode in rounds:
                     workers = int(mode.split("-")[1])
                     results.append(run_round(path, tmp / f"out-{mode}", args, workers, images))
-                    print(f"  {mode}: {results[-1]['s_per_step']:.2f} s/step", flush=True)
+                    progress(results[-1])
 
     base = next((r for r in results if r["mode"] == "bare"), None)
     print()
@@ -212,8 +218,8 @@ def main() -> None:
             f"{r['wall']:>7.1f}"
         )
     print(
-        "s/step: steady state; rollout (incl. reward) and train: the slowest rank's seconds per step; startup: to "
-        "the first step's end minus one steady step; finish: after the last step's end"
+        "s/step: steady state; rollout (incl. reward) and train: the slowest rank's seconds per step; startup: "
+        "before the first step; finish: after the last step"
     )
     if base:
         for r in results:

@@ -294,8 +294,7 @@ def _train_rounds(recipe) -> None:
     typer.echo(f"checkpoint: {summary['checkpoint']}")
     typer.echo(f"exported: {summary['export']}")
     typer.echo(
-        f"registered model: {summary['registered_model']} version {summary['model_version']} "
-        f"(alias {summary['alias']})"
+        f"registered model: {summary['registered_model']} version {summary['model_version']} (alias {summary['alias']})"
     )
     typer.echo(f"MLflow run: {summary['mlflow_run_url'] or summary['mlflow_run_id']}")
 
@@ -331,6 +330,89 @@ def _train_local(config, steps: int | None, device: str, checkpoint_every: int) 
     typer.echo(f"reward: first {window} steps {first:.4f} -> last {window} steps {last:.4f} ({last - first:+.4f})")
     for grid in grids:
         typer.echo(f"samples: {grid}")
+
+
+@app.command()
+def run(
+    recipe: Annotated[str, typer.Argument(help="A recipe file or packaged name: its sections run in order.")],
+    set_: Annotated[list[str] | None, typer.Option("--set", "-s", help="Override: dotted.key=value.")] = None,
+) -> None:
+    """Run a recipe's sections in order (ingest -> precache -> train) as the `pipeline` flow; each stage resumes
+    from its committed outputs, so a re-run after a failure redoes only what is missing."""
+    _run_pipeline(_recipe(recipe, set_))
+
+
+@app.command()
+def demo(
+    rows: Annotated[int, typer.Option(help="Good rows of the synthetic dataset (3 bad rows are added).", min=8)] = 64,
+) -> None:
+    """The whole pipeline on this machine's CPU: a synthetic dataset (procedural images + captions) -> ingest ->
+    precache -> a supervised warm-up round -> 3 RL rounds on 2 Ray workers; prints what happened and where to look."""
+    from unirl_core.data.synthetic import synthetic_prompts, write_synthetic_parquet
+    from unirl_core.io.storage import write_bytes_atomic
+    from unirl_core.workspace import workspace as current
+
+    source = current().ensure().root / "data" / "pipeline_demo-source"
+    parquet, prompts = source / f"synthetic-{rows}.parquet", source / f"prompts-{rows}.txt"
+    if not parquet.is_file():
+        write_synthetic_parquet(str(parquet), rows=rows)
+        write_bytes_atomic(str(prompts), "\n".join(synthetic_prompts(rows)).encode() + b"\n")
+    os.environ.setdefault("INPUT_PARQUET", str(parquet))
+    os.environ.setdefault("DATA_PATH", str(prompts))
+    typer.echo(f"synthetic dataset: {parquet} ({rows} good rows + 3 bad ones)")
+    _run_pipeline(_recipe("pipeline_demo", []))
+
+
+def _run_pipeline(recipe) -> None:
+    import json as json_lib
+
+    from flows.pipeline import pipeline
+    from unirl_core.ingest.download import ErrorBudgetExceeded
+    from unirl_core.ingest.plan import IngestInputError
+    from unirl_core.precache.run import PrecacheError
+    from unirl_core.train.checkpoint import CheckpointError
+    from unirl_core.train.stack import NonFiniteError
+    from unirl_core.trainer import METRICS_FILE, TrainingConfigError, validate
+
+    if recipe.train is not None:
+        try:
+            validate(recipe.train, recipe.precache)
+        except TrainingConfigError as exc:
+            raise _fail(f"error: {exc}") from None
+    _quiet_model_libraries()
+    _patient_prefect_startup()
+    try:
+        result = pipeline(recipe)
+    except (IngestInputError, ErrorBudgetExceeded, PrecacheError, TrainingConfigError, CheckpointError,
+            NonFiniteError) as exc:  # fmt: skip
+        raise _fail(f"error: {exc}") from None
+    from flows.pipeline import report
+
+    typer.echo("")
+    typer.echo(report(result["stages"], result["seconds"]))
+    if recipe.train is None:
+        return
+    rows = [json_lib.loads(line) for line in (Path(recipe.train.output_dir) / METRICS_FILE).read_text().splitlines()]
+    last = {}
+    for row in rows:  # the last row logged for each step (re-runs after a failure log a step again)
+        last[row["step"]] = row
+    by_round: dict[tuple[str, int], list[float]] = {}
+    for row in last.values():
+        value = row.get("reward_mean") if row["stage"] == "rl" else row.get("warmup_loss")
+        by_round.setdefault((row["stage"], row["round"]), []).append(value)
+    typer.echo("")
+    for (stage, index), values in sorted(by_round.items(), key=lambda item: (item[0][0] != "warmup", item[0][1])):
+        what = "mean reward" if stage == "rl" else "mean warm-up loss"
+        typer.echo(f"{stage} round {index}: {what} {sum(values) / len(values):.4f} over {len(values)} steps")
+    samples = Path(recipe.train.output_dir) / "samples"
+    typer.echo(f"\nsample grids: {samples}")
+    typer.echo(f"MLflow UI: mlflow ui --host 127.0.0.1 --backend-store-uri {_tracking_uri()}")
+
+
+def _tracking_uri() -> str:
+    from unirl_core.tracking.mlflow_runs import tracking_uri
+
+    return tracking_uri()
 
 
 @app.command(name="export")

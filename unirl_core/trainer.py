@@ -438,12 +438,15 @@ def finalize(config: TrainConfig, run_name: str = "train", registered_model: str
     if latest is None:
         raise CheckpointError(f"{output_dir(config) / 'checkpoints'}: no committed checkpoint to export")
     out = output_dir(config) / "export" / latest.name
+    done = out.parent / f"{latest.name}.registered.json"
+    if done.is_file():  # a re-run of a finished training: the same export and model version
+        return json.loads(done.read_text())
     export_checkpoint(latest, out, merged=config.model.lora is None)
     tracker = _open_tracker(config, run_name, None)
     name = registered_model or config.tracking.registered_model or f"unirl-{run_name}"
     version = tracker.register(str(out), "adapter" if config.model.lora else "pipeline", name, config.tracking.alias)
     tracker.finish()
-    return {
+    result = {
         "export": str(out),
         "checkpoint": str(latest),
         "registered_model": name,
@@ -453,3 +456,8 @@ def finalize(config: TrainConfig, run_name: str = "train", registered_model: str
         "mlflow_run_url": tracker.url(),
         "tracking_failures": tracker.failures,
     }
+    if version is not None:  # registered: remember it (an MLflow outage leaves it to the next run)
+        from unirl_core.io.storage import write_bytes_atomic
+
+        write_bytes_atomic(str(done), json.dumps(result).encode())
+    return result

@@ -497,7 +497,6 @@ class TrainConfig(StrictModel):
                 "disabled, so a KL term needs LoRA",
             )
 
-
     def distributed_problems(self) -> Iterator[Problem]:
         """Checked by training rounds (not `--local`): the global batch must split over the workers with groups
         whole and equal shares (FSDP needs every rank to run the same number of forward passes)."""

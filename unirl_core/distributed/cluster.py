@@ -36,6 +36,7 @@ def ray_cluster(
         ray.init(address=address, logging_level="WARNING", log_to_driver=False)
     else:
         ray.init(
+            address="local",  # a new local Ray, never an existing `ray start` cluster found on this machine
             num_cpus=num_cpus,
             num_gpus=num_gpus,
             include_dashboard=False,
