@@ -4,10 +4,10 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-# Test environment: offline models, no telemetry, local Ray without token auth, patient Prefect start-up.
+# Environment: offline models, no telemetry, patient Prefect start-up. Ray keeps its token auth (its GCS and raylet
+# listen on every interface); only the tests' throwaway local clusters disable it (tests/conftest.py).
 export HF_HUB_OFFLINE := 1
 export MLFLOW_DISABLE_TELEMETRY := true
-export RAY_AUTH_MODE := disabled
 export RAY_USAGE_STATS_ENABLED := 0
 export PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS := 120
 export DO_NOT_TRACK := 1
