@@ -12,7 +12,7 @@ export RAY_USAGE_STATS_ENABLED := 0
 export PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS := 120
 export DO_NOT_TRACK := 1
 
-.PHONY: install test lint format clean demo
+.PHONY: install test lint format clean demo serve
 
 install: $(STAMP)
 
@@ -38,6 +38,10 @@ test: lint
 # The whole pipeline on this machine's CPU: synthetic data -> ingest -> precache -> warm-up -> RL rounds.
 demo: install
 	$(BIN)/unirl demo
+
+# Prefect server + UI, MLflow server + UI and a worker on 127.0.0.1; Ctrl-C stops them.
+serve: install
+	$(BIN)/unirl serve
 
 # Removes the virtualenv and caches. Never the workspace (.unirl): it holds your runs, data and checkpoints.
 clean:

@@ -406,13 +406,29 @@ def _run_pipeline(recipe) -> None:
         typer.echo(f"{stage} round {index}: {what} {sum(values) / len(values):.4f} over {len(values)} steps")
     samples = Path(recipe.train.output_dir) / "samples"
     typer.echo(f"\nsample grids: {samples}")
-    typer.echo(f"MLflow UI: mlflow ui --host 127.0.0.1 --backend-store-uri {_tracking_uri()}")
+    typer.echo(f"UIs: `make serve` (Prefect and MLflow on 127.0.0.1); MLflow tracking: {_tracking_uri()}")
 
 
 def _tracking_uri() -> str:
     from unirl_core.tracking.mlflow_runs import tracking_uri
 
     return tracking_uri()
+
+
+@app.command()
+def serve(
+    prefect_port: Annotated[int, typer.Option(help="Prefect server and UI port.")] = 4200,
+    mlflow_port: Annotated[int, typer.Option(help="MLflow server and UI port.")] = 5000,
+    worker: Annotated[bool, typer.Option(help="Also run a worker for the `unirl-process` pool.")] = True,
+) -> None:
+    """Start the Prefect server + UI, the MLflow server + UI (the workspace's sqlite and artifacts) and a worker, all
+    bound to 127.0.0.1; print the URLs; Ctrl-C or SIGTERM stops everything."""
+    from flows.serve import serve as run_servers
+
+    try:
+        run_servers(prefect_port, mlflow_port, worker, echo=typer.echo)
+    except (RuntimeError, TimeoutError) as exc:
+        raise _fail(f"error: {exc}") from None
 
 
 @app.command(name="export")

@@ -39,7 +39,12 @@ def test_validate_reports_every_error_and_exits_2():
 def test_recipes_lists_packaged_recipes():
     result = run("recipes")
     assert result.exit_code == 0
-    assert [line.split()[0] for line in result.stdout.splitlines()] == ["demo", "ingest_parquet", "pipeline_demo", "prompts_file"]
+    assert [line.split()[0] for line in result.stdout.splitlines()] == [
+        "demo",
+        "ingest_parquet",
+        "pipeline_demo",
+        "prompts_file",
+    ]
 
 
 @pytest.fixture

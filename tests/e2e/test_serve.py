@@ -1,0 +1,68 @@
+"""`unirl serve` as a user runs it: the Prefect and MLflow servers answer on 127.0.0.1 only, the worker joins, and
+SIGTERM stops every process it started."""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+import psutil
+import pytest
+
+pytestmark = pytest.mark.slow
+UNIRL = str(Path(sys.executable).parent / "unirl")
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def answers(url: str) -> bool:
+    try:
+        with urllib.request.urlopen(url, timeout=2) as response:
+            return response.status == 200
+    except OSError:
+        return False
+
+
+def test_serve_starts_prefect_mlflow_and_a_worker_on_loopback_and_stops_them_on_sigterm(tmp_path):
+    prefect_port, mlflow_port = free_port(), free_port()
+    env = {**os.environ, "UNIRL_HOME": str(tmp_path / "home"), "PREFECT_HOME": str(tmp_path / "prefect")}
+    env.pop("PREFECT_API_URL", None)
+    process = subprocess.Popen(
+        [UNIRL, "serve", "--prefect-port", str(prefect_port), "--mlflow-port", str(mlflow_port)],
+        env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+    )  # fmt: skip
+    children = []
+    try:
+        lines = []
+        deadline = time.monotonic() + 240
+        while time.monotonic() < deadline and not any("Ctrl-C" in line for line in lines):
+            line = process.stdout.readline()
+            assert line or process.poll() is None, "".join(lines)
+            lines.append(line)
+        output = "".join(lines)
+        assert f"Prefect UI:  http://127.0.0.1:{prefect_port}" in output, output
+        assert f"MLflow UI:   http://127.0.0.1:{mlflow_port}" in output, output
+        assert answers(f"http://127.0.0.1:{prefect_port}/api/health")
+        assert answers(f"http://127.0.0.1:{mlflow_port}/health")
+        time.sleep(2)  # the worker starts after both servers answer
+        children = psutil.Process(process.pid).children(recursive=True)
+        assert any("worker" in " ".join(c.cmdline()) for c in children)
+        ports = {prefect_port, mlflow_port}
+        listening = [c for c in psutil.net_connections(kind="inet") if c.status == "LISTEN" and c.laddr.port in ports]
+        assert listening and all(c.laddr.ip == "127.0.0.1" for c in listening)
+    finally:
+        process.send_signal(signal.SIGTERM)
+        process.wait(timeout=60)
+    time.sleep(1)
+    assert not [c for c in children if c.is_running() and c.status() != psutil.STATUS_ZOMBIE]
+    assert process.returncode == 0
