@@ -16,6 +16,7 @@ from prefect.futures import as_completed
 from tasks import ingest as ingest_tasks
 from tasks.progress import report
 from unirl_core.config.ingest import IngestConfig
+from unirl_core.ingest.download import committed_stats
 from unirl_core.ingest.stages import committed_units, summarize
 
 
@@ -24,10 +25,12 @@ def ingest(config: IngestConfig) -> dict:
     """Parquet (or jsonl/csv) of captions and image URLs or bytes -> equal-size WebDataset shards and an index."""
     started = time.monotonic()
     units = ingest_tasks.plan_units(config)
+    new_units = sum(committed_stats(config.dataset_output_root, u, config) is None for u in units)
     stats = download_images(config, units) if config.download_images.enable else committed_units(config, units)
     record = ingest_tasks.reorganize(config, units) if config.reorganize_tar.enable else None
     index = ingest_tasks.generate_wdinfo(config, record) if config.generate_wdinfo.enable else None
     summary = summarize(config.dataset_output_root, units, stats, index, time.monotonic() - started)
+    summary["new_units"] = new_units
     _publish(summary)
     return summary
 
@@ -58,6 +61,8 @@ def _publish(summary: dict) -> None:
     table = [{"metric": k, "value": str(v)} for k, v in summary.items() if k != "skip_reasons"]
     table += [{"metric": f"skipped: {reason}", "value": str(n)} for reason, n in summary["skip_reasons"].items()]
     create_table_artifact(table=table, key="ingest-summary", description=f"ingest of {summary['dataset']}")
+    if not summary["new_units"]:  # a re-run that committed nothing new: no event (retrain would loop on itself)
+        return
     emit_event(
         event="unirl.dataset.updated",
         resource={

@@ -297,3 +297,11 @@ def test_ingest_flow_publishes_artifacts_and_an_event(prefect_harness, image_ser
     assert "ingest-summary" in artifacts and artifacts["ingest-progress"].data == 100.0
     payloads = [e.payload for e in events if e.payload.get("dataset") == config.dataset_output_root]
     assert payloads and payloads[0]["ok"] == 9 and payloads[0]["samples_in_shards"] == 8
+    assert summary["new_units"] == 1
+
+    again = ingest(config)  # nothing new: no event, or the retrain deployment would trigger itself forever
+    assert again["new_units"] == 0 and again["ok"] == 9
+    time.sleep(3)
+    with get_client(sync_client=True) as client:
+        events = client.read_events(filter=event_filter, limit=50).events
+    assert len([e for e in events if e.payload.get("dataset") == config.dataset_output_root]) == 1
