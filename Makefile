@@ -12,7 +12,7 @@ export RAY_USAGE_STATS_ENABLED := 0
 export PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS := 120
 export DO_NOT_TRACK := 1
 
-.PHONY: install test lint format clean demo serve
+.PHONY: install test lint format clean demo serve ui-check
 
 install: $(STAMP)
 
@@ -42,6 +42,10 @@ demo: install
 # Prefect server + UI, MLflow server + UI and a worker on 127.0.0.1; Ctrl-C stops them.
 serve: install
 	$(BIN)/unirl serve
+
+# Headless Chromium (Debian's chromium package) opens the demo run in both UIs; screenshots in .unirl/ui-check/.
+ui-check: install
+	$(BIN)/python tools/ui_check.py
 
 # Removes the virtualenv and caches. Never the workspace (.unirl): it holds your runs, data and checkpoints.
 clean:
