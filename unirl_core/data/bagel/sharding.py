@@ -1,0 +1,60 @@
+"""Files across data-parallel ranks and DataLoader workers: every file exactly once, no silent remainder.
+
+BAGEL sorts the file list, shuffles it with a fixed seed, gives each rank a contiguous block and each worker a
+contiguous block of its rank's files, and drops the remainder silently. Here the remainder is spread (the first
+`len % parts` blocks get one file more), and fewer files than ranks x workers is an error naming the numbers.
+Resume state is valid only for the same world size, worker count, seed and file list: `check_resume` refuses
+anything else.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from typing import Any
+
+import numpy as np
+
+
+class ShardingError(ValueError):
+    """A file list that cannot feed every rank and worker, or a resume state from another layout."""
+
+
+def _blocks(items: list, parts: int) -> list[list]:
+    size, extra = divmod(len(items), parts)
+    out, start = [], 0
+    for index in range(parts):
+        end = start + size + (1 if index < extra else 0)
+        out.append(items[start:end])
+        start = end
+    return out
+
+
+def assign_files(files: list[str], world_size: int, num_workers: int, seed: int) -> list[list[list[str]]]:
+    """`assigned[rank][worker]`: that worker's files, in the seeded order; every file exactly once."""
+    if world_size < 1 or num_workers < 1:
+        raise ShardingError(f"world_size={world_size} and num_workers={num_workers} must be at least 1")
+    parts = world_size * max(1, num_workers)
+    if len(files) < parts:
+        raise ShardingError(
+            f"{len(files)} files cannot feed {world_size} ranks x {num_workers} workers = {parts} readers (each needs "
+            "at least one file): split the data into more files (or row groups), or use fewer ranks or workers"
+        )
+    ordered = sorted(files)
+    order = np.random.default_rng(seed).permutation(len(ordered))
+    shuffled = [ordered[i] for i in order]
+    return [_blocks(rank_files, num_workers) for rank_files in _blocks(shuffled, world_size)]
+
+
+def layout_identity(files: list[str], world_size: int, num_workers: int, seed: int) -> dict[str, Any]:
+    digest = hashlib.sha256("\n".join(sorted(files)).encode()).hexdigest()[:16]
+    return {"world_size": world_size, "num_workers": num_workers, "seed": seed, "files_sha256": digest}
+
+
+def check_resume(state: dict[str, Any], files: list[str], world_size: int, num_workers: int, seed: int) -> None:
+    """Refuse a resume state saved with another world size, worker count, seed or file list, naming each change."""
+    now = layout_identity(files, world_size, num_workers, seed)
+    changed = {k: (state.get(k), v) for k, v in now.items() if state.get(k) != v}
+    if changed:
+        details = ", ".join(f"{k}: {then!r} then, {v!r} now" for k, (then, v) in changed.items())
+        raise ShardingError(f"the data resume state was saved with another layout ({details}); resume with the "
+                            "original layout or start without the state")  # fmt: skip
