@@ -22,6 +22,7 @@ from typing import Any, Protocol
 import numpy as np
 
 from unirl_core.data.prompts import PromptExample, load_prompts
+from unirl_core.data.resume import EpochCursor
 
 logger = logging.getLogger(__name__)
 
@@ -36,7 +37,7 @@ class PromptSource(Protocol):
     def load_state_dict(self, state: dict[str, Any]) -> None: ...
 
 
-class PromptListSource:
+class PromptListSource(EpochCursor):
     """Batches of distinct prompts from a list; epoch e visits them in the permutation drawn from (seed, e) and
     drops the last partial batch."""
 
@@ -96,20 +97,11 @@ class PromptListSource:
             "prompts_fingerprint": self.fingerprint(),
         }
 
-    def state_dict(self) -> dict[str, Any]:
-        return {**self._settings(), "epoch": self.epoch, "batch_in_epoch": self.batch_in_epoch}
-
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        """Resume exactly where `state` was taken; refuse a state taken with other prompts or settings."""
-        changed = {k: (state.get(k), v) for k, v in self._settings().items() if state.get(k) != v}
-        if changed:
-            details = ", ".join(f"{k}: {then!r} then, {now!r} now" for k, (then, now) in changed.items())
-            raise ValueError(
-                f"{self.origin}: the prompt source changed since this state was saved ({details}); resume with the "
-                "original prompts and train.data settings, or start a new run"
-            )
-        self.epoch, self.batch_in_epoch = int(state["epoch"]), int(state["batch_in_epoch"])
-        self._order = self._epoch_order(self.epoch)
+    def _resume_error(self, details: str) -> str:
+        return (
+            f"{self.origin}: the prompt source changed since this state was saved ({details}); resume with the "
+            "original prompts and train.data settings, or start a new run"
+        )
 
 
 class FilePromptSource(PromptListSource):

@@ -28,6 +28,7 @@ import numpy as np
 import torch
 
 from unirl_core.config.precache import PrecacheConfig
+from unirl_core.data.resume import EpochCursor
 from unirl_core.precache.encoders import pooled_width, unpack_prompt_encoding
 from unirl_core.precache.read import read_encodings
 
@@ -66,7 +67,7 @@ def _take(value: Any, start: int, stop: int) -> Any:
     return value[start:stop]
 
 
-class WarmupData:
+class WarmupData(EpochCursor):
     """Global batches of `batch_size` (latents, conditioning) pairs from a finished precache, epoch after epoch,
     resumable exactly through `state_dict()`. Reading happens on first use."""
 
@@ -163,20 +164,11 @@ class WarmupData:
             "keys_sha256": hashlib.sha256("\n".join(self._keys).encode()).hexdigest()[:16],
         }
 
-    def state_dict(self) -> dict[str, Any]:
-        return {**self._settings(), "epoch": self.epoch, "batch_in_epoch": self.batch_in_epoch}
-
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        """Continue with exactly the batch after `state`; refuse a state taken over other samples or settings."""
-        changed = {k: (state.get(k), v) for k, v in self._settings().items() if state.get(k) != v}
-        if changed:
-            details = ", ".join(f"{k}: {then!r} then, {now!r} now" for k, (then, now) in changed.items())
-            raise ValueError(
-                f"{self.folder}: the warm-up data changed since this state was saved ({details}); resume with the "
-                "original cache and settings, or start a new run"
-            )
-        self.epoch, self.batch_in_epoch = int(state["epoch"]), int(state["batch_in_epoch"])
-        self._order = self._epoch_order(self.epoch)
+    def _resume_error(self, details: str) -> str:
+        return (
+            f"{self.folder}: the warm-up data changed since this state was saved ({details}); resume with the "
+            "original cache and settings, or start a new run"
+        )
 
 
 def _vae_config(encoder_config: dict[str, Any]) -> Mapping:

@@ -14,6 +14,8 @@ from typing import Any
 
 import numpy as np
 
+from unirl_core.data.resume import describe_changes
+
 
 class ShardingError(ValueError):
     """A file list that cannot feed every rank and worker, or a resume state from another layout."""
@@ -52,9 +54,7 @@ def layout_identity(files: list[str], world_size: int, num_workers: int, seed: i
 
 def check_resume(state: dict[str, Any], files: list[str], world_size: int, num_workers: int, seed: int) -> None:
     """Refuse a resume state saved with another world size, worker count, seed or file list, naming each change."""
-    now = layout_identity(files, world_size, num_workers, seed)
-    changed = {k: (state.get(k), v) for k, v in now.items() if state.get(k) != v}
-    if changed:
-        details = ", ".join(f"{k}: {then!r} then, {v!r} now" for k, (then, v) in changed.items())
+    details = describe_changes(state, layout_identity(files, world_size, num_workers, seed))
+    if details:
         raise ShardingError(f"the data resume state was saved with another layout ({details}); resume with the "
                             "original layout or start without the state")  # fmt: skip
