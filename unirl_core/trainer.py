@@ -26,12 +26,12 @@ import numpy as np
 
 from unirl_core.config.schema import TrainConfig
 from unirl_core.train.checkpoint import CheckpointError, CheckpointManager, config_hash
+from unirl_core.train.export import CONFIG_FILE
 
 log = logging.getLogger("unirl.trainer")
 
 METRICS_FILE = "metrics.jsonl"
 RAY_RECORD = "ray_processes.json"  # the local Ray of the running round, for the flow's teardown hooks
-CONFIG_FILE = "train_config.json"
 
 
 class TrainingConfigError(ValueError):
@@ -317,7 +317,6 @@ def run_round(
     precache=None,
     tags: dict[str, str] | None = None,
     on_step: Callable[[dict], None] | None = None,
-    on_workers: Callable[[list[int]], None] | None = None,
 ) -> dict[str, Any]:
     """Run (or finish) one round; a round whose steps are all committed is a no-op. Returns a summary."""
     from unirl_core.distributed.cluster import ray_cluster
@@ -354,8 +353,6 @@ def run_round(
             collective_timeout_s=ray.collective_timeout_s,
         ) as group,
     ):  # fmt: skip
-        if on_workers:
-            on_workers(group.pids())
         shards = group.run("build", config.model_dump_json(), round_.stage)
         controller = _Controller(config, round_, group, tracker, precache, on_step)
         start = round_.first

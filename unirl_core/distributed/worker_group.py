@@ -62,11 +62,6 @@ class TorchWorker:
         dist.all_reduce(tensor, op=dist.ReduceOp.SUM)
         return tensor.tolist()
 
-    def pid(self) -> int:
-        import os
-
-        return os.getpid()
-
     def teardown(self) -> None:
         if dist.is_initialized():
             dist.destroy_process_group()
@@ -151,9 +146,6 @@ class WorkerGroup:
             except Exception:
                 dead.append(rank)
         return dead
-
-    def pids(self) -> list[int]:
-        return self.run("pid")
 
     def close(self) -> None:
         for worker in self.workers:

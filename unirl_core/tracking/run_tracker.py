@@ -116,9 +116,6 @@ class RunTracker:
     def log_image(self, image, key: str, step: int) -> None:
         self._guard(f"image {key}", "log_image", self.run_id, image, key=key, step=step)
 
-    def log_text(self, text: str, artifact_file: str) -> None:
-        self._guard(artifact_file, "log_text", self.run_id, text, artifact_file)
-
     def log_dataset(self, name: str, source: str, digest: str, context: str = "training") -> None:
         """A dataset as an MLflow input (shown on the run page), identified by a content digest."""
         from mlflow.entities import Dataset, DatasetInput, InputTag

@@ -34,8 +34,5 @@ class EMA:
                 parameter.copy_(value)
 
     def state_dict(self) -> dict[str, torch.Tensor]:
+        """The shadow tensors themselves: DCP saves them and loads into them in place."""
         return {f"{i:05d}": shadow for i, shadow in enumerate(self.shadow)}
-
-    def load_state_dict(self, state: dict[str, torch.Tensor]) -> None:
-        for i, shadow in enumerate(self.shadow):
-            shadow.copy_(state[f"{i:05d}"])
