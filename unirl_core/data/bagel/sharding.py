@@ -10,6 +10,7 @@ anything else.
 from __future__ import annotations
 
 import hashlib
+import json
 from typing import Any
 
 import numpy as np
@@ -31,15 +32,16 @@ def _blocks(items: list, parts: int) -> list[list]:
     return out
 
 
-def assign_files(files: list[str], world_size: int, num_workers: int, seed: int) -> list[list[list[str]]]:
-    """`assigned[rank][worker]`: that worker's files, in the seeded order; every file exactly once."""
+def assign_files(files: list, world_size: int, num_workers: int, seed: int, unit: str = "files") -> list[list[list]]:
+    """`assigned[rank][worker]`: that worker's files, in the seeded order; every file exactly once. Items may be any
+    sortable values (paths, (path, row group) pairs, line numbers); `unit` names them in the error."""
     if world_size < 1 or num_workers < 1:
         raise ShardingError(f"world_size={world_size} and num_workers={num_workers} must be at least 1")
     parts = world_size * max(1, num_workers)
     if len(files) < parts:
         raise ShardingError(
-            f"{len(files)} files cannot feed {world_size} ranks x {num_workers} workers = {parts} readers (each needs "
-            "at least one file): split the data into more files (or row groups), or use fewer ranks or workers"
+            f"{len(files)} {unit} cannot feed {world_size} ranks x {num_workers} workers = {parts} readers (each needs "
+            f"at least one of the {unit}): split the data into more files (or row groups), or use fewer ranks or workers"
         )
     ordered = sorted(files)
     order = np.random.default_rng(seed).permutation(len(ordered))
@@ -47,12 +49,12 @@ def assign_files(files: list[str], world_size: int, num_workers: int, seed: int)
     return [_blocks(rank_files, num_workers) for rank_files in _blocks(shuffled, world_size)]
 
 
-def layout_identity(files: list[str], world_size: int, num_workers: int, seed: int) -> dict[str, Any]:
-    digest = hashlib.sha256("\n".join(sorted(files)).encode()).hexdigest()[:16]
+def layout_identity(files: list, world_size: int, num_workers: int, seed: int) -> dict[str, Any]:
+    digest = hashlib.sha256(json.dumps(sorted(files)).encode()).hexdigest()[:16]
     return {"world_size": world_size, "num_workers": num_workers, "seed": seed, "files_sha256": digest}
 
 
-def check_resume(state: dict[str, Any], files: list[str], world_size: int, num_workers: int, seed: int) -> None:
+def check_resume(state: dict[str, Any], files: list, world_size: int, num_workers: int, seed: int) -> None:
     """Refuse a resume state saved with another world size, worker count, seed or file list, naming each change."""
     details = describe_changes(state, layout_identity(files, world_size, num_workers, seed))
     if details:

@@ -1,0 +1,148 @@
+"""A BAGEL data mixture: its YAML groups (BAGEL's keys) plus where the data is (BAGEL's dataset info).
+
+    t2i_pretrain:                     # a group: its name is the dataset type (the registry key)
+      dataset_names: [t2i]            # entries of dataset_info[t2i_pretrain]
+      image_transform_args: {image_stride: 16, max_image_size: 1024, min_image_size: 512}
+      is_mandatory: true              # one sample of this group starts every pack
+      num_used_data: [10]             # per dataset name: files (parquet types, repeated to upsample) or lines (vlm)
+      weight: 1                       # relative draw weight once the mandatory samples are in
+    dataset_info:                     # BAGEL keeps this in dataset_info.py; here: inline, or a path to YAML/JSON
+      t2i_pretrain:
+        t2i: {data_dir: t2i/, num_files: 4, num_total_samples: 400, parquet_info_path: t2i/parquet_info.json}
+    tokenizer: path/to/tokenizer      # ours: any transformers tokenizer folder
+    packing: {expected_num_tokens: 32768}  # ours: PackingConfig fields
+    seed: 0                           # ours: sharding, per-sample draws and the packer
+
+Relative paths are resolved against the YAML's folder. Unknown keys are errors naming the allowed ones.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+from unirl_core.data.bagel.transforms import ImageTransformArgs
+
+DATASET_TYPES = ("t2i_pretrain", "unified_edit", "vlm_sft")
+RESERVED_KEYS = ("dataset_info", "tokenizer", "packing", "seed")
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class TransformArgs(_Strict):
+    image_stride: int = 16  # pixels per token side: 16 for the VAE (downsample 8 x patch 2), 14 for the ViT
+    max_image_size: int = 1024  # longest side after resizing, pixels
+    min_image_size: int = 512  # shortest side is scaled up to at least this, pixels
+    max_pixels: int = 14 * 14 * 9 * 1024  # pixel budget of one sample's images, divided by their count
+
+    def build(self) -> ImageTransformArgs:
+        return ImageTransformArgs(**self.model_dump())
+
+
+class FrameSamplerArgs(_Strict):
+    max_num_frames: int = 12  # frames sampled per video, at most
+    min_num_frames: int = 8  # and at least (when the video has that many)
+
+
+class GroupConfig(_Strict):
+    """One group of BAGEL's data YAML (the keys BAGEL reads, with its defaults)."""
+
+    dataset_names: list[str] = Field(min_length=1)
+    image_transform_args: TransformArgs | None = None
+    vit_image_transform_args: TransformArgs | None = None
+    frame_sampler_args: FrameSamplerArgs | None = None
+    is_mandatory: bool = False
+    num_used_data: list[int] | None = None  # per dataset name; None: every file / line once
+    weight: float = Field(default=0.0, ge=0.0)  # BAGEL's default: a group without weight is only drawn if mandatory
+    shuffle_lines: bool = False  # vlm_sft: shuffle the JSONL lines (with shuffle_seed) before num_used_data cuts
+    shuffle_seed: int = 0
+
+    @model_validator(mode="after")
+    def _used_data_per_name(self) -> GroupConfig:
+        if self.num_used_data is not None and len(self.num_used_data) != len(self.dataset_names):
+            raise ValueError(
+                f"num_used_data has {len(self.num_used_data)} entries for {len(self.dataset_names)} dataset_names: "
+                "give one count per dataset name"
+            )
+        return self
+
+
+class DatasetInfo(_Strict):
+    """BAGEL's dataset info keys for one named dataset."""
+
+    data_dir: str | None = None  # parquet types: the folder of parquet files; vlm_sft: the image folder
+    num_files: int | None = None  # informational (BAGEL's), checked against the folder when given
+    num_total_samples: int | None = None  # informational
+    parquet_info_path: str | None = None  # {"/abs/path.parquet": {"num_row_groups": N}}; keys are real paths
+    jsonl_path: str | None = None  # vlm_sft: the conversations file
+
+
+class Mixture(_Strict):
+    groups: dict[str, GroupConfig]
+    dataset_info: dict[str, dict[str, DatasetInfo]]
+    tokenizer: str | None = None
+    packing: dict[str, Any] = Field(default_factory=dict)
+    seed: int = 0
+
+    @model_validator(mode="after")
+    def _consistent(self) -> Mixture:
+        for kind, group in self.groups.items():
+            if kind not in DATASET_TYPES:
+                raise ValueError(f"unknown dataset type {kind!r}: the registered types are {', '.join(DATASET_TYPES)}")
+            known = self.dataset_info.get(kind, {})
+            missing = [name for name in group.dataset_names if name not in known]
+            if missing:
+                raise ValueError(
+                    f"{kind}: dataset_names {missing} have no entry in dataset_info[{kind}] (known: {sorted(known)})"
+                )
+        if not any(g.weight > 0 for g in self.groups.values()):
+            raise ValueError("every group has weight 0: give at least one group a positive `weight`")
+        return self
+
+    def infos(self, kind: str) -> list[DatasetInfo]:
+        return [self.dataset_info[kind][name] for name in self.groups[kind].dataset_names]
+
+
+def _resolve(value: str | None, base: Path) -> str | None:
+    if value is None or "://" in value:
+        return value
+    path = Path(value).expanduser()
+    return str(path if path.is_absolute() else (base / path).resolve())
+
+
+def _load_tree(path: Path) -> dict[str, Any]:
+    try:
+        tree = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
+    except (OSError, yaml.YAMLError) as error:
+        raise ValueError(f"cannot read the BAGEL data config {path}: {error}") from error
+    if not isinstance(tree, dict):
+        raise ValueError(f"{path}: a BAGEL data config is a mapping of dataset types to groups")
+    return tree
+
+
+def load_mixture(path: str | Path, dataset_info: str | Path | None = None) -> Mixture:
+    """The mixture in `path`; `dataset_info` (a YAML/JSON file) overrides the config's own `dataset_info` key."""
+    path = Path(path).expanduser().resolve()
+    tree = _load_tree(path)
+    info_tree, info_base = tree.get("dataset_info") or {}, path.parent
+    if dataset_info is not None or isinstance(info_tree, str):
+        info_path = Path(dataset_info) if dataset_info is not None else path.parent / info_tree
+        info_tree, info_base = _load_tree(info_path.expanduser().resolve()), info_path.expanduser().resolve().parent
+    for entries in info_tree.values():
+        for entry in (entries or {}).values():
+            for key in ("data_dir", "parquet_info_path", "jsonl_path"):
+                if isinstance(entry, dict) and key in entry:
+                    entry[key] = _resolve(entry[key], info_base)
+    groups = {k: v for k, v in tree.items() if k not in RESERVED_KEYS}
+    settings = {k: tree[k] for k in ("packing", "seed") if k in tree}
+    try:
+        return Mixture(
+            groups=groups, dataset_info=info_tree, tokenizer=_resolve(tree.get("tokenizer"), path.parent), **settings
+        )
+    except ValidationError as error:
+        raise ValueError(f"{path}: {error}") from error

@@ -1,0 +1,406 @@
+"""The three BAGEL dataset types, sharded over ranks x workers and resumable to the exact next sample.
+
+| type (registry key) | raw data                                              | unit of sharding | BAGEL's data index            |
+|---------------------|-------------------------------------------------------|------------------|-------------------------------|
+| `t2i_pretrain`      | parquet `{image: bytes, captions: JSON {"0": str}}`   | file             | `[parquet_idx, row_group_idx, row_idx]` |
+| `unified_edit`      | parquet `{image_list: [bytes], instruction_list: [[str]]}` | row group   | `[row_group_idx, row_idx]`    |
+| `vlm_sft`           | JSONL `{conversations, image | video}` + image folder | line             | `row_idx`                     |
+
+Each worker walks its own units (`sharding.assign_files`: every unit exactly once, never a silent remainder) epoch
+after epoch. A reader's `state()` is the layout (world size, workers, seed, unit list) plus the last position it
+returned; a reader built from a state continues with exactly the next sample and refuses a state from another
+layout. Rows that cannot become samples (undecodable image, bad JSON, a conversation with no answer ...) are skipped
+and counted by reason in `reader.skipped`, never silently; a worker whose whole pass yields nothing is an error.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+from collections import Counter
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any, ClassVar
+
+import fsspec
+import pyarrow.parquet as pq
+import torch
+
+from unirl_core.data.bagel.config import DatasetInfo, GroupConfig
+from unirl_core.data.bagel.plans import (
+    Encode,
+    Sample,
+    SkipSample,
+    edit_sample,
+    expand_video,
+    open_image,
+    t2i_sample,
+    vlm_sample,
+)  # fmt: skip
+from unirl_core.data.bagel.sharding import assign_files, check_resume, layout_identity
+from unirl_core.io import storage
+
+Position = tuple[int, int, int]  # (unit, chunk, row) within one worker's units
+
+
+@dataclass(frozen=True)
+class Layout:
+    """Where this reader sits: data-parallel rank of world_size, each rank with num_workers loader workers."""
+
+    rank: int = 0
+    world_size: int = 1
+    num_workers: int = 1
+    seed: int = 0  # shuffles the unit list and seeds every per-sample draw
+
+
+def _list_parquet(data_dir: str) -> list[str]:
+    fs, root = fsspec.core.url_to_fs(data_dir)
+    files = sorted(p for p in fs.ls(root, detail=False) if p.endswith(".parquet"))
+    if not files:
+        raise ValueError(f"no .parquet files in {data_dir}: point data_dir at the folder holding the parquet files")
+    if storage.is_url(data_dir):
+        files = [fs.unstrip_protocol(p) for p in files]
+    return files
+
+
+def _use(items: list, count: int | None) -> list:
+    """BAGEL's num_used_data: the first `count` items, the list repeated when `count` is larger (upsampling)."""
+    if count is None:
+        return list(items)
+    repeats, extra = divmod(count, len(items))
+    return list(items) * repeats + list(items)[:extra]
+
+
+class BagelDataset:
+    """One group of a mixture. Subclasses say what a unit is, how many chunks and rows it has, and how a row
+    becomes a sample."""
+
+    kind: ClassVar[str]
+    unit_name: ClassVar[str] = "files"
+
+    def __init__(self, group: GroupConfig, infos: list[DatasetInfo], encode: Encode, layout: Layout = Layout()):
+        self.name, self.group, self.encode, self.layout = self.kind, group, encode, layout
+        self.vae = group.image_transform_args.build() if group.image_transform_args else None
+        self.vit = group.vit_image_transform_args.build() if group.vit_image_transform_args else None
+        counts = group.num_used_data or [None] * len(infos)
+        self.units = [unit for info, count in zip(infos, counts, strict=True) for unit in self._units(info, count)]
+        self.assigned = assign_files(self.units, layout.world_size, layout.num_workers, layout.seed, self.unit_name)
+
+    def reader(self, worker_id: int = 0, state: dict[str, Any] | None = None) -> DatasetReader:
+        if not 0 <= worker_id < self.layout.num_workers:
+            raise ValueError(f"worker_id {worker_id} is outside 0..{self.layout.num_workers - 1}")
+        return DatasetReader(self, worker_id, state)
+
+    def __iter__(self) -> Iterator[Sample]:
+        """Endless samples of this rank's worker (the DataLoader worker this runs in, else worker 0)."""
+        info = torch.utils.data.get_worker_info()
+        if info is not None and info.num_workers != self.layout.num_workers:
+            raise ValueError(
+                f"the DataLoader has {info.num_workers} workers but the layout says {self.layout.num_workers}"
+            )
+        return self.reader(info.id if info is not None else 0)
+
+    def identity(self) -> dict[str, Any]:
+        layout = self.layout
+        return {"dataset": self.name, "rank": layout.rank} | layout_identity(
+            self.units, layout.world_size, layout.num_workers, layout.seed
+        )
+
+    # ---- what a subclass provides ----
+    def _units(self, info: DatasetInfo, count: int | None) -> list:
+        raise NotImplementedError
+
+    def _chunks(self, unit) -> int:
+        return 1
+
+    def _rows(self, unit, chunk: int) -> Any:
+        """Something with len() and [row] giving the raw row."""
+        raise NotImplementedError
+
+    def _sample(self, row: Any, rng: random.Random, data_indexes: dict[str, Any]) -> Sample:
+        raise NotImplementedError
+
+    def _bagel_index(self, position: Position) -> Any:
+        raise NotImplementedError
+
+    def _position(self, bagel_index: Any) -> Position:
+        raise NotImplementedError
+
+
+class DatasetReader:
+    """One worker's endless walk over its units; `state()` / a new reader with that state resume exactly."""
+
+    def __init__(self, dataset: BagelDataset, worker_id: int, state: dict[str, Any] | None):
+        self.dataset, self.worker_id = dataset, worker_id
+        self.dataset_name = dataset.name
+        self.units = dataset.assigned[dataset.layout.rank][worker_id]
+        self.skipped: Counter[str] = Counter()
+        self.epoch, self.position = 0, None  # position: the last one returned (or skipped)
+        self._chunk_key, self._chunk_rows = None, None
+        if state is not None:
+            layout = dataset.layout
+            check_resume(state, dataset.units, layout.world_size, layout.num_workers, layout.seed)
+            if state.get("dataset") != dataset.name or state.get("worker_id") != worker_id:
+                raise ValueError(
+                    f"resume state of {state.get('dataset')!r} worker {state.get('worker_id')} given to "
+                    f"{dataset.name!r} worker {worker_id}"
+                )
+            self.epoch = int(state["epoch"])
+            self.position = tuple(state["position"]) if state["position"] is not None else None
+            self.skipped.update(state.get("skipped", {}))
+
+    def state(self) -> dict[str, Any]:
+        position = list(self.position) if self.position is not None else None
+        skipped = dict(self.skipped)
+        return self.dataset.identity() | {"worker_id": self.worker_id, "epoch": self.epoch, "position": position,
+                                          "skipped": skipped}  # fmt: skip
+
+    def __iter__(self) -> DatasetReader:
+        return self
+
+    def __next__(self) -> Sample:
+        wraps = 0
+        while True:
+            position, wrapped = self._advance()
+            if wrapped:
+                wraps += 1
+                if wraps > 1:
+                    raise ValueError(
+                        f"{self.dataset_name} rank {self.dataset.layout.rank} worker {self.worker_id}: no usable "
+                        f"sample in a whole pass over its {len(self.units)} {self.dataset.unit_name} "
+                        f"(skipped so far: {dict(self.skipped)})"
+                    )
+            self.position = position
+            try:
+                return self._build(position, self.epoch)
+            except SkipSample as skip:
+                self.skipped[skip.reason] += 1
+
+    def sample_at(self, data_indexes: dict[str, Any]) -> Sample:
+        """The sample returned earlier with these data indexes, rebuilt exactly (same per-sample draws)."""
+        position = self.dataset._position(data_indexes["data_indexes"])
+        return self._build(position, int(data_indexes["epoch"]))
+
+    def _build(self, position: Position, epoch: int) -> Sample:
+        unit, chunk, row = position
+        layout = self.dataset.layout
+        rng = random.Random(
+            f"{layout.seed}:{self.dataset_name}:{layout.rank}:{self.worker_id}:{epoch}:{unit}:{chunk}:{row}"
+        )
+        indexes = {"data_indexes": self.dataset._bagel_index(position), "worker_id": self.worker_id,
+                   "dataset_name": self.dataset_name, "epoch": epoch}  # fmt: skip
+        return self.dataset._sample(self._rows(unit, chunk)[row], rng, indexes)
+
+    def _rows(self, unit: int, chunk: int) -> Any:
+        if self._chunk_key != (unit, chunk):
+            self._chunk_key, self._chunk_rows = (unit, chunk), self.dataset._rows(self.units[unit], chunk)
+        return self._chunk_rows
+
+    def _advance(self) -> tuple[Position, bool]:
+        """The position after `self.position` (moving to the next epoch at the end), and whether it wrapped."""
+        wrapped = False
+        unit, chunk, row = self.position if self.position is not None else (0, 0, -1)
+        row += 1
+        while True:
+            if unit >= len(self.units):
+                self.epoch, unit, chunk, row, wrapped = self.epoch + 1, 0, 0, 0, True
+            if chunk >= self.dataset._chunks(self.units[unit]):
+                unit, chunk, row = unit + 1, 0, 0
+                continue
+            if row >= len(self._rows(unit, chunk)):
+                chunk, row = chunk + 1, 0
+                continue
+            return (unit, chunk, row), wrapped
+
+
+class _ParquetRows:
+    """One row group's columns, indexable by row."""
+
+    def __init__(self, path: str, row_group: int, columns: list[str]):
+        with fsspec.open(path, "rb") as handle:
+            parquet = pq.ParquetFile(handle)
+            if row_group >= parquet.num_row_groups:
+                raise ValueError(
+                    f"{path} has {parquet.num_row_groups} row groups, but row group {row_group} was listed (is its "
+                    "parquet_info stale? regenerate it)"
+                )
+            table = parquet.read_row_group(row_group, columns=columns)
+        self.columns = {name: table.column(name) for name in columns}
+        self.num_rows = table.num_rows
+
+    def __len__(self) -> int:
+        return self.num_rows
+
+    def __getitem__(self, row: int) -> dict[str, Any]:
+        return {name: column[row].as_py() for name, column in self.columns.items()}
+
+
+def _check_columns(path: str, columns: list[str]) -> None:
+    with fsspec.open(path, "rb") as handle:
+        names = pq.ParquetFile(handle).schema_arrow.names
+    missing = [c for c in columns if c not in names]
+    if missing:
+        raise ValueError(f"{path} lacks the columns {missing} (it has {names})")
+
+
+class T2IDataset(BagelDataset):
+    """`t2i_pretrain`: units are parquet files, chunks their row groups."""
+
+    kind = "t2i_pretrain"
+    columns = ["image", "captions"]
+
+    def _units(self, info: DatasetInfo, count: int | None) -> list[str]:
+        if not info.data_dir:
+            raise ValueError("t2i_pretrain: each dataset_info entry needs data_dir (the folder of parquet files)")
+        files = _list_parquet(info.data_dir)
+        _check_columns(files[0], self.columns)
+        return _use(files, count)
+
+    def _chunks(self, unit: str) -> int:
+        with fsspec.open(unit, "rb") as handle:
+            return pq.ParquetFile(handle).num_row_groups
+
+    def _rows(self, unit: str, chunk: int) -> _ParquetRows:
+        return _ParquetRows(unit, chunk, self.columns)
+
+    def _sample(self, row, rng, data_indexes) -> Sample:
+        if self.vae is None:
+            raise ValueError("t2i_pretrain needs image_transform_args in its group config")
+        if row["image"] is None:
+            raise SkipSample("bad_image", "no image bytes")
+        return t2i_sample(row["image"], row["captions"], self.encode, self.vae, rng, data_indexes)
+
+    def _bagel_index(self, position: Position) -> list[int]:
+        return list(position)
+
+    def _position(self, bagel_index) -> Position:
+        return tuple(bagel_index)
+
+
+class EditDataset(BagelDataset):
+    """`unified_edit`: units are (file, row group) pairs listed by the parquet_info JSON."""
+
+    kind = "unified_edit"
+    unit_name = "row groups"
+    columns = ["image_list", "instruction_list"]
+
+    def _units(self, info: DatasetInfo, count: int | None) -> list[tuple[str, int]]:
+        if not info.data_dir:
+            raise ValueError("unified_edit: each dataset_info entry needs data_dir (the folder of parquet files)")
+        files = _use(_list_parquet(info.data_dir), count)
+        _check_columns(files[0], self.columns)
+        row_groups = self._row_groups(info, files)
+        return [(path, group) for path in files for group in range(row_groups[path])]
+
+    @staticmethod
+    def _row_groups(info: DatasetInfo, files: list[str]) -> dict[str, int]:
+        if info.parquet_info_path is None:  # ours: read the counts from the files
+            counts = {}
+            for path in set(files):
+                with fsspec.open(path, "rb") as handle:
+                    counts[path] = pq.ParquetFile(handle).num_row_groups
+            return counts
+        parquet_info = json.loads(storage.read_text(info.parquet_info_path))
+        missing = [path for path in files if path not in parquet_info]
+        if missing:
+            raise ValueError(
+                f"{info.parquet_info_path} has no entry for {missing[0]} ({len(missing)} files missing): its keys "
+                "must be the real absolute paths of the parquet files (regenerate it, e.g. with `unirl bagel export`)"
+            )
+        return {path: int(parquet_info[path]["num_row_groups"]) for path in files}
+
+    def _rows(self, unit: tuple[str, int], chunk: int) -> _ParquetRows:
+        return _ParquetRows(unit[0], unit[1], self.columns)
+
+    def _sample(self, row, rng, data_indexes) -> Sample:
+        if self.vae is None or self.vit is None:
+            raise ValueError("unified_edit needs image_transform_args and vit_image_transform_args")
+        images, instructions = row["image_list"] or [], row["instruction_list"] or []
+        return edit_sample(images, instructions, self.encode, self.vae, self.vit, rng, data_indexes)
+
+    def _bagel_index(self, position: Position) -> list[int]:
+        return [position[0], position[2]]
+
+    def _position(self, bagel_index) -> Position:
+        return bagel_index[0], 0, bagel_index[1]
+
+
+class VLMDataset(BagelDataset):
+    """`vlm_sft`: units are JSONL lines; images (or a video's frames) come from the dataset's image folder."""
+
+    kind = "vlm_sft"
+    unit_name = "lines"
+
+    def __init__(self, group: GroupConfig, infos: list[DatasetInfo], encode: Encode, layout: Layout = Layout()):
+        self._lines: list[list[str]] = []
+        self._image_dirs: list[str] = []
+        super().__init__(group, infos, encode, layout)
+        self.frame_sampler = None
+        if group.frame_sampler_args is not None:
+            from unirl_core.data.bagel.video import FrameSampler
+
+            self.frame_sampler = FrameSampler(**group.frame_sampler_args.model_dump())
+
+    def _units(self, info: DatasetInfo, count: int | None) -> list[tuple[int, int]]:
+        if not info.jsonl_path or not info.data_dir:
+            raise ValueError("vlm_sft: each dataset_info entry needs jsonl_path and data_dir (the image folder)")
+        lines = [line for line in storage.read_text(info.jsonl_path).splitlines() if line.strip()]
+        if self.group.shuffle_lines:
+            random.Random(self.group.shuffle_seed).shuffle(lines)
+        if count is not None:
+            lines = lines[:count]
+        self._lines.append(lines)
+        self._image_dirs.append(info.data_dir)
+        source = len(self._lines) - 1
+        return [(source, index) for index in range(len(lines))]
+
+    def _rows(self, unit: tuple[int, int], chunk: int) -> list[tuple[str, str]]:
+        return [(self._lines[unit[0]][unit[1]], self._image_dirs[unit[0]])]
+
+    def _sample(self, row, rng, data_indexes) -> Sample:
+        vit = self.vae  # BAGEL's vlm_sft reads its ViT transform from `image_transform_args`
+        if vit is None:
+            raise ValueError("vlm_sft needs image_transform_args (the ViT transform, stride 14) in its group config")
+        line, image_dir = row
+        try:
+            item = json.loads(line)
+            conversations = item["conversations"]
+        except (ValueError, KeyError, TypeError) as error:
+            raise SkipSample("bad_json", f"{type(error).__name__}: {error}") from error
+        images = []
+        if "image" in item:
+            names = item["image"] if isinstance(item["image"], list) else [item["image"]]
+            images = [open_image(self._open(image_dir, name)) for name in names]
+        elif "video" in item:
+            images = self._frames(storage.join(image_dir, item["video"]), rng)
+            conversations = expand_video(conversations, len(images))
+        return vlm_sample(conversations, images, self.encode, vit, data_indexes)
+
+    @staticmethod
+    def _open(image_dir: str, name: str) -> bytes | str:
+        path = storage.join(image_dir, name)
+        if storage.is_url(path):
+            try:
+                return storage.read_bytes(path)
+            except FileNotFoundError as error:
+                raise SkipSample("missing_image", path) from error
+        return path
+
+    def _frames(self, path: str, rng: random.Random) -> list:
+        from unirl_core.data.bagel.video import FrameSampler, VideoDecodeError
+
+        sampler = self.frame_sampler or FrameSampler()
+        try:
+            frames, _ = sampler(path, rng)
+        except VideoDecodeError as error:
+            raise SkipSample("bad_video", str(error)) from error
+        return frames
+
+    def _bagel_index(self, position: Position) -> int:
+        return position[0]
+
+    def _position(self, bagel_index) -> Position:
+        return int(bagel_index), 0, 0
+
+
+DATASET_REGISTRY: dict[str, type[BagelDataset]] = {cls.kind: cls for cls in (T2IDataset, EditDataset, VLMDataset)}

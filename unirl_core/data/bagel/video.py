@@ -1,0 +1,83 @@
+"""BAGEL's video frame sampler (`frame_sampler_args`): n = randint(min_num_frames, max_num_frames) frames, capped
+at the video's length, taken at the middle of n equal segments of the video. A `<video>` placeholder in a `vlm_sft`
+sample becomes one `<image>` per returned frame.
+
+Decoding uses PyAV, an optional extra (`pip install 'unirl[video]'`), imported only when a video is read.
+"""
+
+from __future__ import annotations
+
+import random
+
+from PIL import Image
+
+
+class VideoDecodeError(ValueError):
+    """A video that cannot be read (missing, corrupt, no video stream); the dataset skips the sample and counts it."""
+
+
+def _import_av():
+    try:
+        import av
+    except ImportError as e:
+        raise ImportError("reading videos needs PyAV: pip install 'unirl[video]'") from e
+    return av
+
+
+def frame_indexes(num_video_frames: int, num_frames: int) -> list[int]:
+    """The middle frame of each of `num_frames` equal segments of a video of `num_video_frames` frames."""
+    assert 1 <= num_frames <= num_video_frames, (num_frames, num_video_frames)
+    return [int((i + 0.5) * num_video_frames / num_frames) for i in range(num_frames)]
+
+
+class FrameSampler:
+    """Picks `min_num_frames` to `max_num_frames` RGB frames spread evenly across a video."""
+
+    def __init__(self, max_num_frames: int = 12, min_num_frames: int = 8):
+        if not 1 <= min_num_frames <= max_num_frames:
+            raise ValueError(
+                f"frame_sampler_args: need 1 <= min_num_frames <= max_num_frames, "
+                f"got min_num_frames={min_num_frames}, max_num_frames={max_num_frames}"
+            )
+        self.max_num_frames = max_num_frames
+        self.min_num_frames = min_num_frames
+
+    def __call__(self, path: str, rng: random.Random) -> tuple[list[Image.Image], list[int]]:
+        """(frames, their indexes in the video), indexes increasing. Raises VideoDecodeError naming `path`."""
+        av = _import_av()
+        num_frames = rng.randint(self.min_num_frames, self.max_num_frames)
+        try:
+            num_video_frames = _count_frames(av, path)
+            if num_video_frames == 0:
+                raise VideoDecodeError(f"video {path} has no frames")
+            indexes = frame_indexes(num_video_frames, min(num_frames, num_video_frames))
+            frames = _decode_frames(av, path, indexes)
+        except av.FFmpegError as e:  # FileNotFoundError, InvalidDataError, ... all derive from it
+            raise VideoDecodeError(f"cannot decode video {path}: {e}") from e
+        if len(frames) < len(indexes):
+            raise VideoDecodeError(f"video {path}: its header says {num_video_frames} frames, fewer could be decoded")
+        return frames, indexes
+
+
+def _video_stream(container, path: str):
+    if not container.streams.video:
+        raise VideoDecodeError(f"{path} has no video stream")
+    return container.streams.video[0]
+
+
+def _count_frames(av, path: str) -> int:
+    with av.open(path) as container:
+        stream = _video_stream(container, path)
+        # Some containers (e.g. webm, some mkv) leave the frame count at 0: decode to count (fine for short clips).
+        return stream.frames or sum(1 for _ in container.decode(stream))
+
+
+def _decode_frames(av, path: str, indexes: list[int]) -> list[Image.Image]:
+    wanted, frames = set(indexes), []
+    with av.open(path) as container:
+        for i, frame in enumerate(container.decode(_video_stream(container, path))):
+            if i in wanted:
+                frames.append(frame.to_image())  # rgb24
+            if i >= indexes[-1]:
+                break
+    return frames
