@@ -15,6 +15,8 @@ from typing import Annotated
 
 import typer
 
+from flows.cli_bagel import bagel_app
+
 app = typer.Typer(
     help="unirl: ingest image-text data, precache encodings and train image generators with GRPO.",
     no_args_is_help=True,
@@ -25,6 +27,7 @@ prompts_app = typer.Typer(help="Inspect and check prompt files (.txt, .jsonl, .j
 app.add_typer(prompts_app, name="prompts")
 shards_app = typer.Typer(help="Inspect WebDataset shards written by `unirl ingest`.", no_args_is_help=True)
 app.add_typer(shards_app, name="shards")
+app.add_typer(bagel_app, name="bagel")
 
 BAD_INPUT = 2
 

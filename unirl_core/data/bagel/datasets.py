@@ -249,6 +249,10 @@ class T2IDataset(BagelDataset):
     kind = "t2i_pretrain"
     columns = ["image", "captions"]
 
+    def __init__(self, *args, **kwargs):
+        self._row_groups: dict[str, int] = {}  # file -> row groups, read once
+        super().__init__(*args, **kwargs)
+
     def _units(self, info: DatasetInfo, count: int | None) -> list[str]:
         if not info.data_dir:
             raise ValueError("t2i_pretrain: each dataset_info entry needs data_dir (the folder of parquet files)")
@@ -257,8 +261,10 @@ class T2IDataset(BagelDataset):
         return _use(files, count)
 
     def _chunks(self, unit: str) -> int:
-        with fsspec.open(unit, "rb") as handle:
-            return pq.ParquetFile(handle).num_row_groups
+        if unit not in self._row_groups:
+            with fsspec.open(unit, "rb") as handle:
+                self._row_groups[unit] = pq.ParquetFile(handle).num_row_groups
+        return self._row_groups[unit]
 
     def _rows(self, unit: str, chunk: int) -> _ParquetRows:
         return _ParquetRows(unit, chunk, self.columns)
