@@ -72,12 +72,13 @@ def test_exports_load_back_as_a_mixture_and_pack(ingested, demo, tmp_path):
 
 def _batches(dataset: PackedDataset, count: int) -> list[dict]:
     loader = torch.utils.data.DataLoader(dataset, batch_size=None, num_workers=2, multiprocessing_context="fork")
-    out = []
-    for batch in loader:
-        out.append(batch)
-        if len(out) == count:
-            return out
-    raise AssertionError("the loader ended")
+    batches = iter(loader)
+    try:
+        return [next(batches) for _ in range(count)]
+    finally:
+        # The dataset is endless: stop its workers now rather than from the iterator's __del__, where a worker
+        # interrupted mid-batch is reported as an unraisable "exited unexpectedly" warning.
+        batches._shutdown_workers()
 
 
 def test_dataloader_workers_resume_exactly_from_data_status(demo):

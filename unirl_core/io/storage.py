@@ -10,6 +10,8 @@ from __future__ import annotations
 import os
 import posixpath
 import tempfile
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import fsspec
@@ -80,23 +82,33 @@ def write_bytes_atomic(path: str, data: bytes) -> None:
         raise
 
 
+@contextmanager
+def atomic_local_file(final: str) -> Iterator[str]:
+    """A local temporary path to write (`.<name>.<random>.tmp` next to `final` when local); when the block succeeds
+    it is fsynced and becomes `final` (a rename, or one upload to an object store); otherwise it is removed."""
+    fd, tmp = tempfile.mkstemp(
+        prefix=f".{basename(final)}.", suffix=".tmp", dir=None if is_url(final) else _ensure_parent(final)
+    )
+    os.close(fd)
+    try:
+        yield tmp
+        with open(tmp, "rb+") as written:
+            os.fsync(written.fileno())
+        if is_url(final):
+            fs, path = fsspec.core.url_to_fs(final)
+            fs.put_file(tmp, path)
+        else:
+            os.replace(tmp, final)
+    finally:
+        Path(tmp).unlink(missing_ok=True)
+
+
 def copy_atomic(source: str, target: str, chunk: int = 8 << 20) -> None:
     """Stream `source` to `target` (any fsspec URLs) through a local temporary file: memory stays flat, and
     `target` appears only complete."""
-    fd, tmp = tempfile.mkstemp(prefix=".copy.", suffix=".tmp", dir=None if is_url(target) else _ensure_parent(target))
-    try:
-        with fsspec.open(str(source), "rb") as src, os.fdopen(fd, "wb") as dst:
-            for block in iter(lambda: src.read(chunk), b""):
-                dst.write(block)
-            dst.flush()
-            os.fsync(dst.fileno())
-        if is_url(target):
-            fs, path = fsspec.core.url_to_fs(target)
-            fs.put_file(tmp, path)
-        else:
-            os.replace(tmp, target)
-    finally:
-        Path(tmp).unlink(missing_ok=True)
+    with atomic_local_file(target) as tmp, fsspec.open(str(source), "rb") as src, open(tmp, "wb") as dst:
+        for block in iter(lambda: src.read(chunk), b""):
+            dst.write(block)
 
 
 def _ensure_parent(path: str) -> Path:

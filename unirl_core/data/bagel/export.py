@@ -40,12 +40,9 @@ import itertools
 import json
 import os
 import re
-import tempfile
 from collections import Counter
 from collections.abc import Iterable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from contextlib import contextmanager
-from pathlib import Path
 from typing import Any
 
 import fsspec
@@ -145,7 +142,7 @@ def export_vlm(
     tars, out = source_shards(shards_root_or_tars), _begin(out_dir)
     images_dir, jsonl_path, skipped, names = f"{out}/images", f"{out}/{JSONL}", Counter(), set()
     storage.remove_temporaries(out, JSONL)
-    with _atomic_file(jsonl_path) as tmp, open(tmp, "w", encoding="utf-8") as jsonl:
+    with storage.atomic_local_file(jsonl_path) as tmp, open(tmp, "w", encoding="utf-8") as jsonl:
         for name, data, caption in _decodable(_vlm_candidates(tars, skipped), skipped):
             storage.write_bytes_atomic(f"{images_dir}/{name}", data)
             conversations = [
@@ -397,7 +394,10 @@ def _write_parts(out: str, rows: Iterator[dict], schema: pa.Schema, rows_per_fil
         if first is None:
             return parts
         name, sizes = f"part-{len(parts):05d}.parquet", []
-        with _atomic_file(f"{out}/{name}") as tmp, pq.ParquetWriter(tmp, schema, **PARQUET_OPTIONS) as writer:
+        with (
+            storage.atomic_local_file(f"{out}/{name}") as tmp,
+            pq.ParquetWriter(tmp, schema, **PARQUET_OPTIONS) as writer,
+        ):
             for group in itertools.chain([first], groups):
                 writer.write_table(pa.Table.from_pylist(group, schema), row_group_size=len(group))
                 sizes.append(len(group))
@@ -455,25 +455,6 @@ def _remove_stale_images(images_dir: str, keep: set[str]) -> None:
     for path in fs.find(root):
         if path[len(root) + 1 :] not in keep:
             fs.rm(path)
-
-
-@contextmanager
-def _atomic_file(final: str) -> Iterator[str]:
-    """A local temporary path to write; when the block succeeds it becomes `final` (rename, or one upload)."""
-    folder = None if storage.is_url(final) else os.path.dirname(final)
-    fd, tmp = tempfile.mkstemp(prefix=f".{storage.basename(final)}.", suffix=".tmp", dir=folder)
-    os.close(fd)
-    try:
-        yield tmp
-        with open(tmp, "rb+") as f:
-            os.fsync(f.fileno())
-        if storage.is_url(final):
-            fs, path = fsspec.core.url_to_fs(final)
-            fs.put_file(tmp, path)
-        else:
-            os.replace(tmp, final)
-    finally:
-        Path(tmp).unlink(missing_ok=True)
 
 
 def _names(folder: str) -> list[str]:
