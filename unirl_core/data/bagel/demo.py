@@ -17,9 +17,9 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 import yaml
-from PIL import Image, ImageDraw
+from PIL import Image, ImageColor, ImageDraw
 
-from unirl_core.data.bagel.tokenizer import TINY_VOCAB_WORDS, write_tiny_tokenizer
+from unirl_core.data.bagel.tokenizer import write_tiny_tokenizer
 
 COLORS = ["red", "blue", "green", "yellow", "black", "white", "orange", "pink", "purple", "brown"]
 THINGS = ["cat", "dog", "bird", "car", "tree", "house", "boat", "flower", "ball", "cup", "hat", "book"]
@@ -40,9 +40,7 @@ def _picture(rng: random.Random, mode: str = "RGB") -> tuple[bytes, str, str]:
     color, thing = rng.choice(COLORS), rng.choice(THINGS)
     background = tuple(rng.randrange(256) for _ in range(3)) + ((0,) if mode == "RGBA" else ())
     image = Image.new(mode, (width, height), background)
-    fill = tuple(int(v) for v in np.array(Image.new("RGB", (1, 1), color).getpixel((0, 0)))) + (
-        (255,) if mode == "RGBA" else ()
-    )
+    fill = ImageColor.getrgb(color) + ((255,) if mode == "RGBA" else ())
     box = [rng.randrange(width // 2), rng.randrange(height // 2), width - rng.randrange(width // 3),
            height - rng.randrange(height // 3)]  # fmt: skip
     ImageDraw.Draw(image).ellipse(box, fill=fill)
@@ -174,6 +172,3 @@ def write_demo_mixture(folder: str | Path, t2i_rows: int = 96, edit_rows: int = 
     path = root / "mixture.yaml"
     path.write_text(yaml.safe_dump(mixture, sort_keys=False))
     return path
-
-
-__all__ = ["write_demo_mixture", "TINY_VOCAB_WORDS"]
