@@ -56,11 +56,21 @@ def open_packer(
 
 
 class PackedDataset(torch.utils.data.IterableDataset):
-    """Endless packed batches of this rank; under a DataLoader each worker packs its own files. Use batch_size=None
-    (a batch is already a pack) and num_workers equal to `layout.num_workers`."""
+    """Packed batches of this rank; under a DataLoader each worker packs its own files. Use batch_size=None
+    (a batch is already a pack) and num_workers equal to `layout.num_workers`. Endless unless `packs_per_worker`
+    is set: then each worker stops after that many packs and the DataLoader ends cleanly (an endless loader's
+    workers are stopped mid-pack when it is dropped)."""
 
-    def __init__(self, mixture: Mixture, layout: Layout = Layout(), data_status: dict[int | str, dict] | None = None):
-        self.mixture, self.layout = mixture, layout
+    def __init__(
+        self,
+        mixture: Mixture,
+        layout: Layout = Layout(),
+        data_status: dict[int | str, dict] | None = None,
+        packs_per_worker: int | None = None,
+    ):
+        if packs_per_worker is not None and packs_per_worker < 1:
+            raise ValueError(f"packs_per_worker must be at least 1 (got {packs_per_worker}); None means endless")
+        self.mixture, self.layout, self.packs_per_worker = mixture, layout, packs_per_worker
         # keys become strings when the status went through JSON (a checkpoint): worker ids are ints
         self.data_status = {int(worker): state for worker, state in (data_status or {}).items()}
 
@@ -71,10 +81,12 @@ class PackedDataset(torch.utils.data.IterableDataset):
             raise ValueError(f"the DataLoader runs {workers} workers but the layout says {self.layout.num_workers}")
         worker_id = info.id if info is not None else 0
         packer = open_packer(self.mixture, self.layout, worker_id, self.data_status.get(worker_id))
-        for batch in packer:
+        for count, batch in enumerate(packer, start=1):
             batch["data_status"] = packer.state()
             batch["worker_id"] = worker_id
             yield batch
+            if count == self.packs_per_worker:
+                return
 
 
 def pack_stats(
