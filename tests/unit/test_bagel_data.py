@@ -1,11 +1,16 @@
 """BAGEL data contracts (FORMATS.md 5): the deterministic resize rule on hand-picked sizes, transparency on white,
-and file sharding that covers every file exactly once for several rank x worker layouts."""
+file sharding that covers every file exactly once for several rank x worker layouts, and the JSONL line index."""
 
 from __future__ import annotations
 
+import json
+import random
+
+import numpy as np
 import pytest
 from PIL import Image
 
+from unirl_core.data.bagel.jsonl import JsonLines, line_bounds
 from unirl_core.data.bagel.sharding import ShardingError, assign_files, check_resume, layout_identity
 from unirl_core.data.bagel.transforms import ImageTransformArgs, flatten_on_white, num_tokens, target_size, transform
 
@@ -69,3 +74,32 @@ def test_too_few_files_and_changed_layouts_are_refused():
         check_resume(state, files, 4, 1, seed=0)
     with pytest.raises(ShardingError, match=r"files_sha256"):
         check_resume(state, [*files, "e"], 2, 2, seed=0)
+
+
+@pytest.mark.parametrize(("files", "ranks", "workers"), [(7, 2, 3), (23, 4, 2)])
+def test_integer_units_shard_like_a_list_and_hash_by_value(files, ranks, workers):
+    lines = np.arange(files, dtype=np.int64)  # vlm_sft's units: line numbers, as an array
+    assigned = assign_files(lines[::-1].copy(), ranks, workers, seed=42)
+    as_list = assign_files(list(range(files)), ranks, workers, seed=42)
+    assert [[w.tolist() for w in rank] for rank in assigned] == as_list
+    assert layout_identity(lines, 2, 2, 0) == layout_identity(lines[::-1].copy(), 2, 2, 0)
+    assert layout_identity(lines, 2, 2, 0) != layout_identity(lines[:-1], 2, 2, 0)
+
+
+def test_jsonl_index_splits_on_newlines_only_and_drops_blank_lines(tmp_path):
+    rng = random.Random(0)
+    pieces = [b"a", b" ", b"\n", b"\t", b"\r", b"{", "\u2028".encode(), b"\x0b"]
+    for _ in range(2000):  # against the reference split, at chunk sizes that cut lines anywhere
+        data = b"".join(rng.choice(pieces) for _ in range(rng.randint(0, 40)))
+        expected = [line for line in data.split(b"\n") if line.strip(b" \t\n\r\x0b\x0c")]
+        for chunk in (1, 3, 1 << 20):
+            starts, ends = line_bounds(data, chunk)
+            assert [data[s:e] for s, e in zip(starts, ends, strict=True)] == expected
+    records = [{"text": "a raw \u2028 stays inside its line"}, {"k": 2}, {"k": 3}]
+    body = "\r\n".join(json.dumps(r, ensure_ascii=False) for r in records[:2]) + "\n  \n\n" + json.dumps(records[2])
+    path = tmp_path / "data.jsonl"
+    path.write_bytes(b"\xef\xbb\xbf" + body.encode())  # a UTF-8 BOM, CRLF, blank and whitespace lines, no final \n
+    lines = JsonLines(str(path))  # memory-mapped
+    assert [json.loads(lines[k]) for k in range(len(lines))] == records
+    (tmp_path / "empty.jsonl").write_bytes(b"")
+    assert len(JsonLines(str(tmp_path / "empty.jsonl"))) == 0

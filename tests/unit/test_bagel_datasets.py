@@ -8,6 +8,7 @@ import json
 import random
 import shutil
 from collections import Counter
+from pathlib import Path
 
 import pyarrow.parquet as pq
 import pytest
@@ -230,3 +231,16 @@ def test_num_used_data_upsamples_and_config_errors(demo, enc, tmp_path):
         broken.write_text(text.replace(needle, replacement, 1))
         with pytest.raises(ValueError, match=message):
             load_mixture(broken)
+
+
+def test_vlm_shuffle_lines_and_num_used_data_pick_bagels_lines(demo, enc):
+    mixture = load_mixture(demo)
+    group = mixture.groups["vlm_sft"]
+    group.shuffle_lines, group.shuffle_seed, group.num_used_data = True, 7, [10]
+    data = dataset(demo, "vlm_sft", enc=enc, mixture=mixture)
+    # BAGEL: readlines, drop blank lines, random.Random(shuffle_seed).shuffle(lines), lines[:num_used_data]
+    jsonl = mixture.infos("vlm_sft")[0].jsonl_path
+    lines = [line for line in Path(jsonl).read_text(encoding="utf-8").splitlines() if line.strip()]
+    random.Random(7).shuffle(lines)
+    assert len(data.units) == 10
+    assert [json.loads(data._rows(unit, 0)[0][0]) for unit in data.units] == [json.loads(x) for x in lines[:10]]

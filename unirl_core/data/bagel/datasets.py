@@ -23,10 +23,12 @@ from dataclasses import dataclass
 from typing import Any, ClassVar
 
 import fsspec
+import numpy as np
 import pyarrow.parquet as pq
 import torch
 
 from unirl_core.data.bagel.config import DatasetInfo, GroupConfig
+from unirl_core.data.bagel.jsonl import JsonLines
 from unirl_core.data.bagel.plans import (
     Encode,
     Sample,
@@ -37,7 +39,7 @@ from unirl_core.data.bagel.plans import (
     t2i_sample,
     vlm_sample,
 )  # fmt: skip
-from unirl_core.data.bagel.sharding import assign_files, check_resume, layout_identity
+from unirl_core.data.bagel.sharding import assign_files, check_identity, layout_identity
 from unirl_core.io import storage
 
 Position = tuple[int, int, int]  # (unit, chunk, row) within one worker's units
@@ -83,8 +85,11 @@ class BagelDataset:
         self.vae = group.image_transform_args.build() if group.image_transform_args else None
         self.vit = group.vit_image_transform_args.build() if group.vit_image_transform_args else None
         counts = group.num_used_data or [None] * len(infos)
-        self.units = [unit for info, count in zip(infos, counts, strict=True) for unit in self._units(info, count)]
+        self.units = self._all_units([self._units(info, count) for info, count in zip(infos, counts, strict=True)])
         self.assigned = assign_files(self.units, layout.world_size, layout.num_workers, layout.seed, self.unit_name)
+        self._identity = {"dataset": self.name, "rank": layout.rank} | layout_identity(
+            self.units, layout.world_size, layout.num_workers, layout.seed
+        )
 
     def reader(self, worker_id: int = 0, state: dict[str, Any] | None = None) -> DatasetReader:
         if not 0 <= worker_id < self.layout.num_workers:
@@ -101,14 +106,14 @@ class BagelDataset:
         return self.reader(info.id if info is not None else 0)
 
     def identity(self) -> dict[str, Any]:
-        layout = self.layout
-        return {"dataset": self.name, "rank": layout.rank} | layout_identity(
-            self.units, layout.world_size, layout.num_workers, layout.seed
-        )
+        return dict(self._identity)
 
     # ---- what a subclass provides ----
     def _units(self, info: DatasetInfo, count: int | None) -> list:
         raise NotImplementedError
+
+    def _all_units(self, per_dataset: list[list]) -> list:
+        return [unit for units in per_dataset for unit in units]
 
     def _chunks(self, unit) -> int:
         return 1
@@ -138,13 +143,10 @@ class DatasetReader:
         self.epoch, self.position = 0, None  # position: the last one returned (or skipped)
         self._chunk_key, self._chunk_rows = None, None
         if state is not None:
-            layout = dataset.layout
-            check_resume(state, dataset.units, layout.world_size, layout.num_workers, layout.seed)
-            if state.get("dataset") != dataset.name or state.get("worker_id") != worker_id:
-                raise ValueError(
-                    f"resume state of {state.get('dataset')!r} worker {state.get('worker_id')} given to "
-                    f"{dataset.name!r} worker {worker_id}"
-                )
+            check_identity(state, dataset.identity())  # the same dataset, rank, world size, workers, seed, units
+            if state.get("worker_id") != worker_id:
+                raise ValueError(f"resume state of {dataset.name!r} worker {state.get('worker_id')} given to worker "
+                                 f"{worker_id}: give each DataLoader worker its own state")  # fmt: skip
             self.epoch = int(state["epoch"])
             self.position = tuple(state["position"]) if state["position"] is not None else None
             self.skipped.update(state.get("skipped", {}))
@@ -338,7 +340,9 @@ class VLMDataset(BagelDataset):
     unit_name = "lines"
 
     def __init__(self, group: GroupConfig, infos: list[DatasetInfo], encode: Encode, layout: Layout = Layout()):
-        self._lines: list[list[str]] = []
+        # per JSONL: its line index, the line numbers in use (shuffled and cut; None: all, in file order), images
+        self._lines: list[JsonLines] = []
+        self._used: list[np.ndarray | None] = []
         self._image_dirs: list[str] = []
         super().__init__(group, infos, encode, layout)
         self.frame_sampler = None
@@ -347,21 +351,34 @@ class VLMDataset(BagelDataset):
 
             self.frame_sampler = FrameSampler(**group.frame_sampler_args.model_dump())
 
-    def _units(self, info: DatasetInfo, count: int | None) -> list[tuple[int, int]]:
+    def _units(self, info: DatasetInfo, count: int | None) -> range:
         if not info.jsonl_path or not info.data_dir:
             raise ValueError("vlm_sft: each dataset_info entry needs jsonl_path and data_dir (the image folder)")
-        lines = [line for line in storage.read_text(info.jsonl_path).splitlines() if line.strip()]
-        if self.group.shuffle_lines:
-            random.Random(self.group.shuffle_seed).shuffle(lines)
-        if count is not None:
-            lines = lines[:count]
+        lines = JsonLines(info.jsonl_path)
+        used = None
+        if self.group.shuffle_lines:  # the permutation BAGEL's random.Random(seed).shuffle(lines) makes
+            order = list(range(len(lines)))
+            random.Random(self.group.shuffle_seed).shuffle(order)
+            used = np.asarray(order, dtype=np.int64)
+        total = len(lines) if count is None else min(count, len(lines))
+        if used is not None:
+            used = used[:total]
         self._lines.append(lines)
+        self._used.append(used)
         self._image_dirs.append(info.data_dir)
-        source = len(self._lines) - 1
-        return [(source, index) for index in range(len(lines))]
+        return range(total)
 
-    def _rows(self, unit: tuple[int, int], chunk: int) -> list[tuple[str, str]]:
-        return [(self._lines[unit[0]][unit[1]], self._image_dirs[unit[0]])]
+    def _all_units(self, per_dataset: list[range]) -> np.ndarray:
+        """Units are integers (no Python object per line): the JSONLs' used lines numbered one after another."""
+        self._bases = np.cumsum([0] + [len(units) for units in per_dataset])
+        return np.arange(self._bases[-1], dtype=np.int64)
+
+    def _rows(self, unit: int, chunk: int) -> list[tuple[bytes, str]]:
+        source = int(np.searchsorted(self._bases, unit, side="right")) - 1
+        index = int(unit) - int(self._bases[source])
+        used = self._used[source]
+        line = index if used is None else int(used[index])
+        return [(self._lines[source][line], self._image_dirs[source])]
 
     def _sample(self, row, rng, data_indexes) -> Sample:
         vit = self.vae  # BAGEL's vlm_sft reads its ViT transform from `image_transform_args`
@@ -369,7 +386,7 @@ class VLMDataset(BagelDataset):
             raise ValueError("vlm_sft needs image_transform_args (the ViT transform, stride 14) in its group config")
         line, image_dir = row
         try:
-            item = json.loads(line)
+            item = json.loads(line)  # bytes: UTF-8 (a BOM too) or UTF-16/32, as json detects
             conversations = item["conversations"]
         except (ValueError, KeyError, TypeError) as error:
             raise SkipSample("bad_json", f"{type(error).__name__}: {error}") from error

@@ -43,20 +43,32 @@ def assign_files(files: list, world_size: int, num_workers: int, seed: int, unit
             f"{len(files)} {unit} cannot feed {world_size} ranks x {num_workers} workers = {parts} readers (each needs "
             f"at least one of the {unit}): split the data into more files (or row groups), or use fewer ranks or workers"
         )
-    ordered = sorted(files)
-    order = np.random.default_rng(seed).permutation(len(ordered))
-    shuffled = [ordered[i] for i in order]
+    order = np.random.default_rng(seed).permutation(len(files))
+    if isinstance(files, np.ndarray):  # integer units (JSONL lines): no Python object per unit
+        shuffled = np.sort(files)[order]
+    else:
+        ordered = sorted(files)
+        shuffled = [ordered[i] for i in order]
     return [_blocks(rank_files, num_workers) for rank_files in _blocks(shuffled, world_size)]
 
 
-def layout_identity(files: list, world_size: int, num_workers: int, seed: int) -> dict[str, Any]:
-    digest = hashlib.sha256(json.dumps(sorted(files)).encode()).hexdigest()[:16]
+def layout_identity(files: list | np.ndarray, world_size: int, num_workers: int, seed: int) -> dict[str, Any]:
+    """What a resume state must match. Hashes every unit: compute it once per dataset, not per state."""
+    if isinstance(files, np.ndarray):
+        digest = hashlib.sha256(np.sort(files).astype("<i8").tobytes()).hexdigest()[:16]
+    else:
+        digest = hashlib.sha256(json.dumps(sorted(files)).encode()).hexdigest()[:16]
     return {"world_size": world_size, "num_workers": num_workers, "seed": seed, "files_sha256": digest}
 
 
 def check_resume(state: dict[str, Any], files: list, world_size: int, num_workers: int, seed: int) -> None:
     """Refuse a resume state saved with another world size, worker count, seed or file list, naming each change."""
-    details = describe_changes(state, layout_identity(files, world_size, num_workers, seed))
+    check_identity(state, layout_identity(files, world_size, num_workers, seed))
+
+
+def check_identity(state: dict[str, Any], identity: dict[str, Any]) -> None:
+    """`check_resume` against an identity already computed (`layout_identity`)."""
+    details = describe_changes(state, identity)
     if details:
         raise ShardingError(f"the data resume state was saved with another layout ({details}); resume with the "
                             "original layout or start without the state")  # fmt: skip
