@@ -7,9 +7,12 @@ Decoding uses PyAV, an optional extra (`pip install 'unirl[video]'`), imported o
 
 from __future__ import annotations
 
+import io
 import random
 
 from PIL import Image
+
+from unirl_core.io import storage
 
 
 class VideoDecodeError(ValueError):
@@ -46,12 +49,13 @@ class FrameSampler:
         """(frames, their indexes in the video), indexes increasing. Raises VideoDecodeError naming `path`."""
         av = _import_av()
         num_frames = rng.randint(self.min_num_frames, self.max_num_frames)
+        source = _source(path)
         try:
-            num_video_frames = _count_frames(av, path)
+            num_video_frames = _count_frames(av, source, path)
             if num_video_frames == 0:
                 raise VideoDecodeError(f"video {path} has no frames")
             indexes = frame_indexes(num_video_frames, min(num_frames, num_video_frames))
-            frames = _decode_frames(av, path, indexes)
+            frames = _decode_frames(av, source, path, indexes)
         except av.FFmpegError as e:  # FileNotFoundError, InvalidDataError, ... all derive from it
             raise VideoDecodeError(f"cannot decode video {path}: {e}") from e
         if len(frames) < len(indexes):
@@ -65,16 +69,33 @@ def _video_stream(container, path: str):
     return container.streams.video[0]
 
 
-def _count_frames(av, path: str) -> int:
-    with av.open(path) as container:
+def _source(path: str) -> str | io.BytesIO:
+    """What PyAV opens: a local path as is; a URL (s3://, gs://, https://) read once through fsspec, since FFmpeg's
+    own protocols do not speak S3 or carry fsspec's credentials. A rewound buffer for each open."""
+    if not storage.is_url(path):
+        return path
+    try:
+        return io.BytesIO(storage.read_bytes(path))
+    except FileNotFoundError as e:
+        raise VideoDecodeError(f"video {path} does not exist") from e
+
+
+def _open(av, source: str | io.BytesIO):
+    if isinstance(source, io.BytesIO):
+        source.seek(0)
+    return av.open(source)
+
+
+def _count_frames(av, source: str | io.BytesIO, path: str) -> int:
+    with _open(av, source) as container:
         stream = _video_stream(container, path)
         # Some containers (e.g. webm, some mkv) leave the frame count at 0: decode to count (fine for short clips).
         return stream.frames or sum(1 for _ in container.decode(stream))
 
 
-def _decode_frames(av, path: str, indexes: list[int]) -> list[Image.Image]:
+def _decode_frames(av, source: str | io.BytesIO, path: str, indexes: list[int]) -> list[Image.Image]:
     wanted, frames = set(indexes), []
-    with av.open(path) as container:
+    with _open(av, source) as container:
         for i, frame in enumerate(container.decode(_video_stream(container, path))):
             if i in wanted:
                 frames.append(frame.to_image())  # rgb24
