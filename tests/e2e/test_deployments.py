@@ -1,7 +1,7 @@
 """The deployments against a real Prefect server, a real process worker and an MLflow server, all started by
 `unirl serve` on free loopback ports: `prefect deploy` applies deployments/prefect.yaml; the pipeline deployment runs
 to completion and fills MLflow; its ingest's `unirl.dataset.updated` event triggers `retrain`, whose nightly schedule
-has upcoming runs; cancelling the running retrain leaves no Ray process behind."""
+has upcoming runs, and `bagel-export` of that dataset; cancelling the running retrain leaves no Ray process behind."""
 
 from __future__ import annotations
 
@@ -136,6 +136,14 @@ def test_deployments_run_trigger_schedule_and_cancel(served):
     )
     upcoming = [r for r in runs_of(env, "pipeline-recipe/retrain") if r.auto_scheduled and r.state_name == "Scheduled"]
     assert upcoming and all(r.expected_start_time.hour == 3 for r in upcoming)  # the nightly cron
+
+    # the same event exported the dataset to BAGEL's format, its resource rendered into the `source` parameter
+    exported = wait_for(lambda: [r for r in runs_of(env, "bagel-export/bagel-export") if r.state_name == "Completed"],
+                        180, "the triggered BAGEL export")  # fmt: skip
+    source = exported[0].parameters["source"]
+    assert "{{" not in source and (Path(source) / "shards").is_dir(), source
+    info = json.loads((Path(f"{source}-bagel") / "t2i" / "dataset_info.json").read_text())
+    assert info["num_total_samples"] > 0
 
     # retrain reaches its training rounds (Ray up), then is cancelled: nothing of its Ray is left running
     record_path = root / "retrain-out" / "ray_processes.json"

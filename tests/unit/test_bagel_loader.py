@@ -7,10 +7,10 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-import image_cases as cases
 import pytest
 import torch
 import yaml
+from bagel_cases import write_ingested
 from typer.testing import CliRunner
 
 from flows.cli import app
@@ -20,8 +20,6 @@ from unirl_core.data.bagel.demo import VAE_ARGS, VIT_ARGS, write_demo_mixture
 from unirl_core.data.bagel.export import export_t2i, export_vlm
 from unirl_core.data.bagel.loader import PackedDataset, open_packer, packing_config
 from unirl_core.data.bagel.packing import validate_batch
-from unirl_core.ingest.reorganize import generate_wdinfo, reorganize, shards_folder
-from unirl_core.io.tars import TarShardWriter
 
 runner = CliRunner()
 
@@ -34,15 +32,7 @@ def demo(tmp_path_factory):
 @pytest.fixture(scope="module")
 def ingested(tmp_path_factory) -> str:
     """An ingested dataset root as `unirl ingest` leaves it: 10 captioned images in shards of 4."""
-    root = tmp_path_factory.mktemp("ingested") / "ds"
-    with TarShardWriter(str(root / "raw" / "00000.tar")) as writer:
-        for i in range(10):
-            image = cases.encode(cases.procedural(96 + 8 * i, 80, seed=i), "PNG")
-            writer.write(f"{i:09d}", {"png": image, "txt": f"a red cat number {i}".encode()})
-        raw = writer.commit()
-    record = reorganize(str(root), [{"path": str(root / "raw" / "00000.tar"), "sha256": raw.sha256}], 4, ["txt"])
-    generate_wdinfo(shards_folder(str(root)), record)
-    return str(root)
+    return write_ingested(tmp_path_factory.mktemp("ingested") / "ds")
 
 
 def test_exports_load_back_as_a_mixture_and_pack(ingested, demo, tmp_path):

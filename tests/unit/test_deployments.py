@@ -20,10 +20,13 @@ def test_every_deployment_loads_its_flow_and_its_parameters_validate():
     from prefect.flows import load_flow_from_entrypoint
 
     found = deployments()
-    assert set(found) == {"ingest", "precache", "train", "pipeline", "retrain"}
+    assert set(found) == {"ingest", "precache", "train", "pipeline", "retrain", "bagel-export"}
     for name, deployment in found.items():
         flow = load_flow_from_entrypoint(str(ROOT / deployment["entrypoint"]))
-        assert flow.validate_parameters(deployment.get("parameters", {})), name
+        parameters = deployment.get("parameters", {})
+        for trigger in deployment.get("triggers", []):  # what a triggered run gets (templates as plain strings)
+            parameters = parameters | trigger.get("parameters", {})
+        assert flow.validate_parameters(parameters), name
         assert deployment["work_pool"]["name"] == "unirl-process"
 
 
@@ -34,6 +37,8 @@ def test_packaged_recipes_named_by_deployments_have_the_sections_they_run(monkey
     monkeypatch.setenv("INPUT_PARQUET", "/data/x.parquet")
     monkeypatch.setenv("DATA_PATH", "/data/prompts.txt")
     for name, deployment in deployments().items():
+        if name not in section:
+            continue
         recipe = load_recipe(deployment["parameters"]["recipe"])
         assert getattr(recipe, section[name]) is not None, name
 
@@ -46,3 +51,12 @@ def test_retrain_runs_nightly_on_new_data_and_one_at_a_time():
     assert trigger["expect"] == ["unirl.dataset.updated"]
     # the resource id flows/ingest.py emits for a dataset
     assert fnmatch.fnmatch("unirl.dataset./data/laion/shards", trigger["match"]["prefect.resource.id"])
+
+
+def test_bagel_export_runs_on_every_dataset_update_with_the_dataset_as_source():
+    export = deployments()["bagel-export"]
+    (trigger,) = export["triggers"]
+    assert trigger["expect"] == ["unirl.dataset.updated"]
+    assert fnmatch.fnmatch("unirl.dataset./data/laion", trigger["match"]["prefect.resource.id"])
+    # the resource label flows/ingest.py sets to the dataset root (rendered live in tests/e2e/test_deployments.py)
+    assert trigger["parameters"]["source"] == "{{ event.resource['unirl.dataset.uri'] }}"
