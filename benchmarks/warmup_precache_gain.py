@@ -185,8 +185,9 @@ def run(mode: str, config, data, sources, steps: int, skip: int) -> dict:
         else:
             latents, cond = batch["latents"], batch["cond"]
         encoded = time.perf_counter()
-        generator = torch.Generator().manual_seed(sample_seed(config.warmup.seed, f"{step}:0"))  # as TrainWorker
-        metrics = stack.train(latents, cond, generator, step)
+        generators = [torch.Generator().manual_seed(sample_seed(config.warmup.seed, f"{step}:{key}"))
+                      for key in batch["keys"]]  # fmt: skip  # as TrainWorker: per sample
+        metrics = stack.train(latents, cond, generators, step)
         if step >= skip:
             seconds.append(time.perf_counter() - started)
             encoding.append(encoded - started)

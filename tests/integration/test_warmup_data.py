@@ -124,3 +124,55 @@ def test_sd15_denoising_loss_learns():
     cond = adapter.encode_texts(CAPTIONS[:4])
     before, after = learns(adapter, latents, cond)
     assert after < 0.8 * before, (before, after)
+
+
+def _recording(forward, sizes: list):
+    def record(x0, cond, generators):
+        sizes.append(len(x0))
+        return forward(x0, cond, generators)
+
+    return record
+
+
+def test_micro_batches_and_batch_splits_give_the_same_warmup_step(cache):
+    """Per-sample draws from (seed, step, key): accumulating micro-batches of 1 or 3 samples, or splitting the batch
+    over two ranks and averaging their gradients (FSDP's reduce), gives the full batch's gradients and loss."""
+    from unirl_core.config.schema import WarmupConfig
+    from unirl_core.models.adapters import sample_seed
+    from unirl_core.train.stack import WarmupStack
+
+    config, _ = cache
+    batch = warmup(config).next_batch()
+
+    def generators(keys):
+        return [torch.Generator().manual_seed(sample_seed(0, f"3:{key}")) for key in keys]
+
+    def fresh(micro):
+        torch.manual_seed(0)
+        adapter = SD3Adapter("tiny:sd3", guidance_scale=1.0)
+        return adapter, WarmupStack(adapter, WarmupConfig(micro_batch_size=micro), max_grad_norm=1e9)
+
+    def grads(adapter):
+        return [p.grad.clone() for p in adapter.parameters() if p.grad is not None]
+
+    adapter, stack = fresh(None)
+    loss = stack.train(batch["latents"], batch["cond"], generators(batch["keys"]), step=3)["loss"]
+    full = grads(adapter)
+    assert len(full) > 10
+    for micro, sizes in ((1, [1, 1, 1, 1]), (3, [3, 1])):
+        adapter, stack = fresh(micro)
+        seen = []
+        adapter.denoising_loss = _recording(adapter.denoising_loss, seen)
+        metrics = stack.train(batch["latents"], batch["cond"], generators(batch["keys"]), step=3)
+        assert seen == sizes and metrics["loss"] == pytest.approx(loss, rel=1e-5), micro
+        for a, b in zip(full, grads(adapter), strict=True):
+            torch.testing.assert_close(b, a, atol=1e-6, rtol=1e-4)
+    adapter, _ = fresh(None)
+    ranks = []
+    for share in split_batch(batch, 2):
+        for parameter in adapter.parameters():
+            parameter.grad = None
+        adapter.denoising_loss(share["latents"], share["cond"], generators(share["keys"])).backward()
+        ranks.append(grads(adapter))
+    for a, *per_rank in zip(full, *ranks, strict=True):
+        torch.testing.assert_close(sum(per_rank) / 2, a, atol=1e-6, rtol=1e-4)

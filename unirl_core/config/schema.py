@@ -399,6 +399,11 @@ class WarmupConfig(StrictModel):
     batch_size: Annotated[Count, Field(ge=1)] = 8
     """Global: precached samples per step, split evenly over the workers."""
 
+    micro_batch_size: Annotated[Count, Field(ge=1)] | None = None
+    """Samples per forward/backward on each worker (gradient accumulation), to fit memory. Empty: a worker's whole
+    share at once. It does not change the result: each sample's noise and timestep come from (seed, step, sample),
+    so it may also change on resume."""
+
     learning_rate: Annotated[float, Field(gt=0)] = 1e-4
     """AdamW learning rate of the warm-up (constant)."""
 

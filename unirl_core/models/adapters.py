@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
+from collections.abc import Sequence
 
 import torch
 
@@ -239,17 +240,17 @@ class SD3Adapter(_Adapter):
             generator=generator,
         )
 
-    def denoising_loss(self, clean_latents: torch.Tensor, cond: dict, generator: torch.Generator) -> torch.Tensor:
+    def denoising_loss(self, clean_latents: torch.Tensor, cond: dict, generator: Generators) -> torch.Tensor:
         """SD3's rectified-flow training loss on scaled clean latents x0 [B,C,h,w] and conditioning without a
-        negative half (`encode_texts`). Per sample, from `generator` (in this order): u = sigmoid(n), n ~ N(0, 1)
-        (SD3's logit-normal timestep density), sigma = shift u / (1 + (shift - 1) u) (the scheduler's timestep
-        shift, as diffusers' SD3 training samples its shifted sigmas), then noise ~ N(0, I);
-        x = (1 - sigma) x0 + sigma noise, loss = mean (v - (noise - x0))^2, unweighted, float32."""
+        negative half (`encode_texts`). Per sample, from `generator` (one, or one per sample; in this order):
+        u = sigmoid(n), n ~ N(0, 1) (SD3's logit-normal timestep density), sigma = shift u / (1 + (shift - 1) u)
+        (the scheduler's timestep shift, as diffusers' SD3 training samples its shifted sigmas), then
+        noise ~ N(0, I); x = (1 - sigma) x0 + sigma noise, loss = mean (v - (noise - x0))^2, unweighted, float32."""
         x0 = clean_latents.to(self.device, torch.float32)
-        u = torch.sigmoid(_randn((x0.shape[0],), generator)).to(self.device)
+        u = torch.sigmoid(_per_sample(generator, x0.shape[0], lambda g, n: _randn((n,), g))).to(self.device)
         shift = self.pipeline.scheduler.config.shift
         sigma = shift * u / (1 + (shift - 1) * u)
-        noise = _randn(x0.shape, generator).to(self.device)
+        noise = _per_sample(generator, x0.shape[0], lambda g, n: _randn((n, *x0.shape[1:]), g)).to(self.device)
         sigma_B111 = sigma.view(-1, 1, 1, 1)
         x = (1 - sigma_B111) * x0 + sigma_B111 * noise
         velocity = self.trainable(
@@ -297,10 +298,11 @@ class SD15Adapter(_Adapter):
         ]
         return ddim_step(self._guided(eps), x, alpha, alpha_prev, eta, prev_sample=prev_sample, generator=generator)
 
-    def denoising_loss(self, clean_latents: torch.Tensor, cond: dict, generator: torch.Generator) -> torch.Tensor:
+    def denoising_loss(self, clean_latents: torch.Tensor, cond: dict, generator: Generators) -> torch.Tensor:
         """DDPM's epsilon loss on scaled clean latents x0 [B,C,h,w] and conditioning without a negative half. Per
-        sample, from `generator` (in this order): t uniform in [0, num_train_timesteps), then noise ~ N(0, I);
-        x_t = scheduler.add_noise(x0, noise, t), loss = mean (eps - noise)^2, unweighted, float32."""
+        sample, from `generator` (one, or one per sample; in this order): t uniform in [0, num_train_timesteps),
+        then noise ~ N(0, I); x_t = scheduler.add_noise(x0, noise, t), loss = mean (eps - noise)^2, unweighted,
+        float32."""
         scheduler = self.pipeline.scheduler
         if scheduler.config.prediction_type != "epsilon":
             raise ValueError(
@@ -308,10 +310,12 @@ class SD15Adapter(_Adapter):
                 "trains epsilon prediction only"
             )
         x0 = clean_latents.to(self.device, torch.float32)
-        t = torch.randint(
-            0, scheduler.config.num_train_timesteps, (x0.shape[0],), generator=generator, device=generator.device
-        ).to(self.device)
-        noise = _randn(x0.shape, generator).to(self.device)
+        steps = scheduler.config.num_train_timesteps
+        t = _per_sample(
+            generator, x0.shape[0], lambda g, n: torch.randint(0, steps, (n,), generator=g, device=g.device)
+        )
+        t = t.to(self.device)
+        noise = _per_sample(generator, x0.shape[0], lambda g, n: _randn((n, *x0.shape[1:]), g)).to(self.device)
         x = scheduler.add_noise(x0, noise, t)
         embeds = cond["embeds"].to(self.device, self.dtype)
         eps = self.trainable(x.to(self.dtype), t, encoder_hidden_states=embeds, return_dict=False)[0]
@@ -328,6 +332,20 @@ FAMILIES = {"sd3": SD3Adapter, "sd15": SD15Adapter}
 def _randn(shape, generator: torch.Generator) -> torch.Tensor:
     """Standard normal float32 draws on the generator's device (move them after)."""
     return torch.randn(shape, generator=generator, device=generator.device)
+
+
+Generators = torch.Generator | Sequence[torch.Generator]
+
+
+def _per_sample(generator: Generators, count: int, draw) -> torch.Tensor:
+    """`draw(generator, n)` -> n samples' draws (first axis). One generator: one call for the whole batch. One
+    generator per sample: each sample's draws come from its own, so they do not depend on the batch it is in (how a
+    batch is split over ranks or micro-batches)."""
+    if isinstance(generator, torch.Generator):
+        return draw(generator, count)
+    if len(generator) != count:
+        raise ValueError(f"{len(generator)} generators for a batch of {count}: give one per sample")
+    return torch.cat([draw(one, 1) for one in generator])
 
 
 def build_adapter(model_config, sampling_config, device: str = "cpu"):

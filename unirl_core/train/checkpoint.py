@@ -49,7 +49,8 @@ RESUMABLE_CHANGES = {
 def config_hash(config) -> str:
     """Digest of what must not change across a resume: the resolved train config without RESUMABLE_CHANGES."""
     kept = config.model_dump(mode="json", exclude=RESUMABLE_CHANGES & set(type(config).model_fields))
-    kept.get("warmup", {}).pop("steps_per_round", None)
+    for key in ("steps_per_round", "micro_batch_size"):  # how the warm-up runs, not what it computes
+        kept.get("warmup", {}).pop(key, None)
     return hashlib.sha256(json.dumps(kept, sort_keys=True).encode()).hexdigest()[:16]
 
 

@@ -124,19 +124,26 @@ class TrainStack:
 
 class WarmupStack:
     """Supervised warm-up: one AdamW step per batch on the family's denoising loss (flow matching for SD3),
-    gradients clipped across shards; a constant learning rate."""
+    accumulated over micro-batches of `warmup.micro_batch_size` samples, gradients clipped across shards; a constant
+    learning rate."""
 
     def __init__(self, adapter, warmup, max_grad_norm: float):
-        self.adapter, self.max_grad_norm = adapter, max_grad_norm
+        self.adapter, self.max_grad_norm, self.micro_batch_size = adapter, max_grad_norm, warmup.micro_batch_size
         self.optimizer = torch.optim.AdamW(adapter.parameters(), lr=warmup.learning_rate, weight_decay=0.0)
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, lambda step: 1.0)
 
-    def train(self, latents: torch.Tensor, cond: dict, generator: torch.Generator, step: int) -> dict[str, float]:
+    def train(self, latents: torch.Tensor, cond: dict, generators: list, step: int) -> dict[str, float]:
+        """`generators`: one per sample, so the step is the same however the batch is split into micro-batches."""
         self.optimizer.zero_grad(set_to_none=True)
-        loss = self.adapter.denoising_loss(latents, cond, generator)
-        if not torch.isfinite(loss):
-            raise NonFiniteError(f"warm-up step {step}: non-finite loss; optimizer step skipped")
-        loss.backward()
+        size = len(latents)
+        total = 0.0
+        for micro in torch.arange(size).split(self.micro_batch_size or size):
+            part = {k: v[micro] for k, v in cond.items()}
+            loss = self.adapter.denoising_loss(latents[micro], part, [generators[i] for i in micro.tolist()])
+            if not torch.isfinite(loss):
+                raise NonFiniteError(f"warm-up step {step}: non-finite loss; optimizer step skipped")
+            (loss * (len(micro) / size)).backward()  # the mean over the share, as one forward would give
+            total += loss.item() * len(micro) / size
         grad_norm = clip_gradients(self.adapter.parameters(), self.max_grad_norm)
         if not torch.isfinite(grad_norm):
             self.optimizer.zero_grad(set_to_none=True)
@@ -144,4 +151,4 @@ class WarmupStack:
         lr = self.optimizer.param_groups[0]["lr"]
         self.optimizer.step()
         self.scheduler.step()
-        return {"loss": loss.item(), "grad_norm": grad_norm.item(), "lr": lr}
+        return {"loss": total, "grad_norm": grad_norm.item(), "lr": lr}

@@ -100,10 +100,12 @@ class TrainWorker(TorchWorker):
         from unirl_core.models.adapters import sample_seed
 
         started = time.perf_counter()
-        generator = torch.Generator().manual_seed(sample_seed(self.config.warmup.seed, f"{step}:{self.rank}"))
+        # per sample, from (seed, step, sample key): the same draws on any number of workers and micro-batches
+        seed = self.config.warmup.seed
+        generators = [torch.Generator().manual_seed(sample_seed(seed, f"{step}:{key}")) for key in batch["keys"]]
         latents = batch["latents"].to(self.device)
         cond = {k: v.to(self.device) for k, v in batch["cond"].items()}
-        metrics = self.stack.train(latents, cond, generator, step)
+        metrics = self.stack.train(latents, cond, generators, step)
         if self.ema:
             self.ema.update(step)
         return metrics | {"seconds_train": time.perf_counter() - started}
