@@ -10,7 +10,8 @@ with a fresh LoRA adapter (the demo recipe's rank 8) and the trainer's `WarmupSt
 
   on the fly   the batch's images (decoded, at the model's size) -> adapter.encode_images (VAE encode) and its
                captions -> adapter.encode_texts (CLIP x 2 + T5), then denoising_loss, backward, optimizer step
-  precached    WarmupData.next_batch (the cache read into memory once, before timing) -> the same training step
+  precached    WarmupData.next_batch (the cache indexed once before timing; a batch read by offset) -> the same
+               training step
 
 Both visit the same batches in the same order with the same noise draws, so their losses agree (printed). Image
 decoding and resizing are not timed on either side (a data loader's job).

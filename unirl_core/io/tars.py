@@ -111,18 +111,39 @@ class TarShardWriter:
 
 def iter_samples(path: str) -> Iterator[tuple[str, dict[str, bytes]]]:
     """Stream (key, {extension: bytes}) from a tar, samples in file order; members of a sample must be adjacent."""
+    for key, members, _ in iter_samples_with_spans(path):
+        yield key, members
+
+
+Span = tuple[int, int]  # (offset of a member's data in the tar, its size)
+
+
+def iter_samples_with_spans(path: str) -> Iterator[tuple[str, dict[str, bytes], dict[str, Span]]]:
+    """`iter_samples`, plus where each member's bytes lie in the tar: `read_span` reads one again later without
+    streaming the shard (random access to a sample, local or by range request)."""
     with fsspec.open(str(path), "rb") as f, tarfile.open(fileobj=f, mode="r|") as tar:
-        key, members = None, {}
+        key, members, spans = None, {}, {}
         for member in tar:
             if not member.isfile():
                 continue
             member_key, extension = sample_key(member.name)
             if member_key != key:
                 if key is not None:
-                    yield key, members
-                key, members = member_key, {}
+                    yield key, members, spans
+                key, members, spans = member_key, {}, {}
             if extension in members:
                 raise ValueError(f"{path}: sample {key!r} has two '{extension}' members")
             members[extension] = tar.extractfile(member).read()
+            spans[extension] = (member.offset_data, member.size)
         if key is not None:
-            yield key, members
+            yield key, members, spans
+
+
+def read_span(path: str, span: Span) -> bytes:
+    """The bytes of one member at `span` (from `iter_samples_with_spans`) in the tar at `path`."""
+    offset, size = span
+    fs, inner = fsspec.core.url_to_fs(str(path))
+    data = fs.cat_file(inner, start=offset, end=offset + size)
+    if len(data) != size:
+        raise ValueError(f"{path}: {size} bytes expected at offset {offset}, {len(data)} read (the shard changed?)")
+    return data

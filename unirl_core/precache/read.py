@@ -17,7 +17,7 @@ import torch
 from safetensors.torch import load as safetensors_load
 
 from unirl_core.config.precache import PrecacheConfig
-from unirl_core.io.tars import iter_samples
+from unirl_core.io.tars import Span, iter_samples_with_spans, read_span
 from unirl_core.precache.run import PrecacheError, cache_identity
 
 
@@ -62,15 +62,31 @@ def decode_members(members: dict[str, bytes], keys: list[str], trusted: bool = F
 
 
 def read_encodings(output_dir: str, wanted: PrecacheConfig, trusted: bool = False) -> Iterator[dict]:
-    """Every encoded sample of a finished cache, in task then shard order: {"key", "encodings", "originals"}."""
+    """Every encoded sample of a finished cache, in task then shard order: {"key", "encodings", "originals",
+    "shard", "spans"}; `read_sample(shard, spans, ...)` reads the sample's encodings again later, by offset."""
     keys = [e.key for e in wanted.encodings]
     for record in check_cache(output_dir, wanted):
         for shard in record["shards"]:
-            for key, members in iter_samples(f"{output_dir.rstrip('/')}/{shard['name']}"):
+            path = f"{output_dir.rstrip('/')}/{shard['name']}"
+            for key, members, spans in iter_samples_with_spans(path):
                 encodings = decode_members(members, keys, trusted)
                 originals = {
                     ext: data
                     for ext, data in members.items()
                     if ext not in keys and ext not in ("safetensors", "pickle")
                 }
-                yield {"key": key, "encodings": encodings, "originals": originals}
+                yield {"key": key, "encodings": encodings, "originals": originals, "shard": path, "spans": spans}
+
+
+def encoding_spans(spans: dict[str, Span], keys: list[str]) -> dict[str, Span]:
+    """The members a sample's encodings `keys` are decoded from (one safetensors/pickle member, or one per key)."""
+    for packed in ("safetensors", "pickle"):
+        if packed in spans:
+            return {packed: spans[packed]}
+    return {key: spans[key] for key in keys if key in spans}
+
+
+def read_sample(shard: str, spans: dict[str, Span], keys: list[str], trusted: bool = False) -> dict[str, torch.Tensor]:
+    """The encodings `keys` of one sample, read by offset from its shard (spans from `read_encodings`)."""
+    members = {ext: read_span(shard, span) for ext, span in encoding_spans(spans, keys).items()}
+    return decode_members(members, keys, trusted)

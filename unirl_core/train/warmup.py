@@ -5,9 +5,11 @@
     share = split_batch(batch, world)[r]  # rank r's contiguous B / world samples
     loss = adapter.denoising_loss(share["latents"], share["cond"], generator)
 
-The cache is read through `read_encodings` (identity-checked, no pickle) once, into memory on every rank:
-latents as float32, conditioning at the stored precision. SD3 at 512 px with fp16 conditioning (334 x 4096 x 2 B)
-and latents (16 x 64 x 64 x 4 B) is ~3 MB per sample. Samples are ordered by key, so the order does not depend on
+The cache is read through `read_encodings` (identity-checked, no pickle) once, to check every sample and index
+where its encodings lie (shard, member offsets); a batch then reads its samples by offset (`read_sample`: a seek
+locally, a range request on S3). Memory stays at the index (a few hundred bytes a sample) whatever the cache size; holding
+SD3 at 512 px in memory would take ~3 MB a sample (fp16 conditioning 334 x 4096 x 2 B, latents 16 x 64 x 64 x 4 B).
+Samples are ordered by key, so the order does not depend on
 how many precache tasks wrote the cache; epoch e visits them in the permutation drawn from (seed, e), batches
 never cross an epoch, and the last partial batch is dropped (as `unirl_core.data.sources.PromptListSource`).
 
@@ -30,7 +32,7 @@ import torch
 from unirl_core.config.precache import PrecacheConfig
 from unirl_core.data.resume import EpochCursor
 from unirl_core.precache.encoders import pooled_width, unpack_prompt_encoding
-from unirl_core.precache.read import read_encodings
+from unirl_core.precache.read import encoding_spans, read_encodings, read_sample
 
 PROMPT_ENCODER = "unirl_core.precache.encoders.PipelinePromptEncoder"
 LATENT_ENCODER = "unirl_core.precache.encoders.AutoencoderKLEncoder"
@@ -102,32 +104,46 @@ class WarmupData(EpochCursor):
         return specs[key]
 
     def _load(self) -> None:
-        """Every sample once, sorted by key: scaled latents (float32) and packed conditioning (stored precision)."""
+        """Index every sample once, sorted by key: where its encodings lie (shard, member offsets), not the tensors.
+        The pass decodes each sample once to check it (both encodings present, one shape across the cache)."""
         if self._keys is not None:
             return
-        vae_config = _vae_config(self.latent_config)
-        stored = self.latent_config.get("latent", "parameters")
-        if stored == "sample":
+        self._vae = _vae_config(self.latent_config)
+        self._stored = self.latent_config.get("latent", "parameters")
+        if self._stored == "sample":
             logger.warning("%s: latents were stored as one VAE sample each; warm-up uses it, not the mean", self.folder)
-        rows = []
+        rows, shapes = [], {"latents": {}, "conditioning": {}}
+        wanted = [self.latent_key, self.text_key]
         for sample in read_encodings(self.folder, self.precache, trusted=self.trusted):
             found = sample["encodings"]
-            missing = [k for k in (self.latent_key, self.text_key) if k not in found]
+            missing = [k for k in wanted if k not in found]
             if missing:
                 raise ValueError(f"{self.folder}: sample {sample['key']} lacks {missing}; it has {sorted(found)}")
-            latents = latents_from_encoding(found[self.latent_key], vae_config, stored)
-            rows.append((sample["key"], latents, found[self.text_key]))
+            latents = latents_from_encoding(found[self.latent_key], self._vae, self._stored)
+            shapes["latents"].setdefault(tuple(latents.shape), sample["key"])
+            shapes["conditioning"].setdefault(tuple(found[self.text_key].shape), sample["key"])
+            rows.append((sample["key"], sample["shard"], encoding_spans(sample["spans"], wanted)))
         if len(rows) < self.batch_size:
             raise ValueError(
                 f"{self.folder} holds {len(rows)} samples, fewer than the warm-up batch size {self.batch_size}: "
                 "precache more samples or lower the batch size"
             )
+        for what, example in shapes.items():  # one key per shape
+            if len(example) > 1:
+                raise ValueError(
+                    f"{self.folder}: {what} of different shapes cannot form a batch ({example}); precache with "
+                    "image_transform mode center_crop or resize (one size) and, for text, store_pad_tokens: true"
+                )
         rows.sort(key=lambda row: row[0])
-        self._latents = _stack([r[1] for r in rows], [r[0] for r in rows], "latents", self.folder)
-        self._packed = _stack([r[2] for r in rows], [r[0] for r in rows], "conditioning", self.folder)
-        self._pooled_dim = pooled_width(self.text_config["pretrained"]) if self.family == "sd3" else None
         self._keys = [r[0] for r in rows]
+        self._where = [(r[1], r[2]) for r in rows]
+        self._pooled_dim = pooled_width(self.text_config["pretrained"]) if self.family == "sd3" else None
         self._order = self._epoch_order(self.epoch)
+
+    def _read(self, index: int) -> tuple[torch.Tensor, torch.Tensor]:
+        shard, spans = self._where[index]
+        found = read_sample(shard, spans, [self.latent_key, self.text_key], self.trusted)
+        return latents_from_encoding(found[self.latent_key], self._vae, self._stored), found[self.text_key]
 
     def __len__(self) -> int:
         self._load()
@@ -150,9 +166,10 @@ class WarmupData(EpochCursor):
             self._order = self._epoch_order(self.epoch)
         start = self.batch_in_epoch * self.batch_size
         self.batch_in_epoch += 1
-        index = torch.from_numpy(self._order[start : start + self.batch_size])
-        cond = unpack_prompt_encoding(self._packed[index].float(), self.family, self._pooled_dim)
-        return {"keys": [self._keys[i] for i in index.tolist()], "latents": self._latents[index], "cond": cond}
+        index = self._order[start : start + self.batch_size].tolist()
+        latents, packed = zip(*(self._read(i) for i in index), strict=True)
+        cond = unpack_prompt_encoding(torch.stack(packed).float(), self.family, self._pooled_dim)
+        return {"keys": [self._keys[i] for i in index], "latents": torch.stack(latents), "cond": cond}
 
     def _settings(self) -> dict[str, Any]:
         self._load()
@@ -179,16 +196,6 @@ def _vae_config(encoder_config: dict[str, Any]) -> Mapping:
 
     subfolder = encoder_config.get("subfolder", "vae")  # AutoencoderKLEncoder's default
     return AutoencoderKL.load_config(resolve_model_path(encoder_config["pretrained"]), subfolder=subfolder)
-
-
-def _stack(tensors: list[torch.Tensor], keys: list[str], what: str, folder: str) -> torch.Tensor:
-    example = {tuple(t.shape): key for t, key in zip(tensors, keys, strict=True)}  # one key per shape
-    if len(example) > 1:
-        raise ValueError(
-            f"{folder}: {what} of different shapes cannot form a batch ({example}); precache with image_transform "
-            "mode center_crop or resize (one size) and, for text, store_pad_tokens: true"
-        )
-    return torch.stack(tensors)
 
 
 def open_warmup_data(train_config, precache: PrecacheConfig) -> WarmupData:
