@@ -7,11 +7,11 @@
 
 The cache is read through `read_encodings` (identity-checked, no pickle) once, to check every sample and index
 where its encodings lie (shard, member offsets); a batch then reads its samples by offset (`read_sample`: a seek
-locally, a range request on S3). Memory stays at the index (a few hundred bytes a sample) whatever the cache size; holding
-SD3 at 512 px in memory would take ~3 MB a sample (fp16 conditioning 334 x 4096 x 2 B, latents 16 x 64 x 64 x 4 B).
-Samples are ordered by key, so the order does not depend on
-how many precache tasks wrote the cache; epoch e visits them in the permutation drawn from (seed, e), batches
-never cross an epoch, and the last partial batch is dropped (as `unirl_core.data.sources.PromptListSource`).
+locally, a range request on S3). Memory stays at the index (a few hundred bytes a sample) whatever the cache size;
+holding SD3 at 512 px in memory would take ~3 MB a sample (fp16 conditioning 334 x 4096 x 2 B, latents
+16 x 64 x 64 x 4 B). Samples are ordered by key, so the order does not depend on how many precache tasks wrote the
+cache; epoch e visits them in the permutation drawn from (seed, e), batches never cross an epoch, and the last
+partial batch is dropped (as `unirl_core.data.sources.PromptListSource`).
 
 Latents are the posterior mean (deterministic: the same sample gives the same x0 every epoch; a cache built with
 `latent: sample` gives its one stored draw instead, with a warning), shifted and scaled like
