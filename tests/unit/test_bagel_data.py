@@ -4,6 +4,7 @@ file sharding that covers every file exactly once for several rank x worker layo
 from __future__ import annotations
 
 import json
+import pickle
 import random
 
 import numpy as np
@@ -101,5 +102,7 @@ def test_jsonl_index_splits_on_newlines_only_and_drops_blank_lines(tmp_path):
     path.write_bytes(b"\xef\xbb\xbf" + body.encode())  # a UTF-8 BOM, CRLF, blank and whitespace lines, no final \n
     lines = JsonLines(str(path))  # memory-mapped
     assert [json.loads(lines[k]) for k in range(len(lines))] == records
+    copy = pickle.loads(pickle.dumps(lines))  # what a spawn/forkserver DataLoader does to its dataset: reopened
+    assert [copy[k] for k in range(len(copy))] == [lines[k] for k in range(len(lines))]
     (tmp_path / "empty.jsonl").write_bytes(b"")
     assert len(JsonLines(str(tmp_path / "empty.jsonl"))) == 0

@@ -39,6 +39,15 @@ class JsonLines:
     """`lines[k]`: the k-th non-blank line of a JSONL file, as bytes (json.loads takes bytes, BOM included)."""
 
     def __init__(self, path: str):
+        self._open(path)
+
+    def __getstate__(self) -> dict:  # a DataLoader started by spawn/forkserver pickles its dataset: send the path
+        return {"path": self.path}
+
+    def __setstate__(self, state: dict) -> None:
+        self._open(state["path"])
+
+    def _open(self, path: str) -> None:
         self.path = path
         if storage.is_url(path):
             self._data: bytes | mmap.mmap = storage.read_bytes(path)
