@@ -168,7 +168,8 @@ def precache_config(src: Path, out: Path, model: str, size: int, batch: int) -> 
 def run(mode: str, config, data, sources, steps: int, skip: int) -> dict:
     """`skip` + `steps` warm-up steps; times the last `steps`. On the fly, the batches come from `data` too (its
     keys only), so both modes train on the same samples in the same order."""
-    from unirl_core.models.adapters import build_adapter, sample_seed
+    from unirl_core.models.adapters import build_adapter
+    from unirl_core.rollout.noise import sample_seed
     from unirl_core.train.stack import WarmupStack
 
     data.load_state_dict(data.state_dict() | {"epoch": 0, "batch_in_epoch": 0})

@@ -138,7 +138,7 @@ def test_micro_batches_and_batch_splits_give_the_same_warmup_step(cache):
     """Per-sample draws from (seed, step, key): accumulating micro-batches of 1 or 3 samples, or splitting the batch
     over two ranks and averaging their gradients (FSDP's reduce), gives the full batch's gradients and loss."""
     from unirl_core.config.schema import WarmupConfig
-    from unirl_core.models.adapters import sample_seed
+    from unirl_core.rollout.noise import sample_seed
     from unirl_core.train.stack import WarmupStack
 
     config, _ = cache

@@ -17,11 +17,11 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
-from collections.abc import Sequence
 
 import torch
 
 from unirl_core.algorithms.losses import flow_matching_loss
+from unirl_core.rollout.noise import Generators, per_sample, randn, sample_seed
 from unirl_core.rollout.samplers import StepResult, ddim_step, flow_sde_step
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
@@ -39,10 +39,6 @@ def resolve_model_path(path: str) -> str:
     if not (folder / "model_index.json").exists():
         write_tiny_model(folder, family, seed=0)
     return str(folder)
-
-
-def sample_seed(seed: int, sample_id: str) -> int:
-    return int.from_bytes(hashlib.sha256(f"{seed}:{sample_id}".encode()).digest()[:8], "little") & ((1 << 63) - 1)
 
 
 class _Adapter:
@@ -247,10 +243,10 @@ class SD3Adapter(_Adapter):
         (the scheduler's timestep shift, as diffusers' SD3 training samples its shifted sigmas), then
         noise ~ N(0, I); x = (1 - sigma) x0 + sigma noise, loss = mean (v - (noise - x0))^2, unweighted, float32."""
         x0 = clean_latents.to(self.device, torch.float32)
-        u = torch.sigmoid(_per_sample(generator, x0.shape[0], lambda g, n: _randn((n,), g))).to(self.device)
+        u = torch.sigmoid(per_sample(generator, x0.shape[0], lambda g, n: randn((n,), g))).to(self.device)
         shift = self.pipeline.scheduler.config.shift
         sigma = shift * u / (1 + (shift - 1) * u)
-        noise = _per_sample(generator, x0.shape[0], lambda g, n: _randn((n, *x0.shape[1:]), g)).to(self.device)
+        noise = per_sample(generator, x0.shape[0], lambda g, n: randn((n, *x0.shape[1:]), g)).to(self.device)
         sigma_B111 = sigma.view(-1, 1, 1, 1)
         x = (1 - sigma_B111) * x0 + sigma_B111 * noise
         velocity = self.trainable(
@@ -311,11 +307,9 @@ class SD15Adapter(_Adapter):
             )
         x0 = clean_latents.to(self.device, torch.float32)
         steps = scheduler.config.num_train_timesteps
-        t = _per_sample(
-            generator, x0.shape[0], lambda g, n: torch.randint(0, steps, (n,), generator=g, device=g.device)
-        )
+        t = per_sample(generator, x0.shape[0], lambda g, n: torch.randint(0, steps, (n,), generator=g, device=g.device))
         t = t.to(self.device)
-        noise = _per_sample(generator, x0.shape[0], lambda g, n: _randn((n, *x0.shape[1:]), g)).to(self.device)
+        noise = per_sample(generator, x0.shape[0], lambda g, n: randn((n, *x0.shape[1:]), g)).to(self.device)
         x = scheduler.add_noise(x0, noise, t)
         embeds = cond["embeds"].to(self.device, self.dtype)
         eps = self.trainable(x.to(self.dtype), t, encoder_hidden_states=embeds, return_dict=False)[0]
@@ -327,25 +321,6 @@ class SD15Adapter(_Adapter):
 
 
 FAMILIES = {"sd3": SD3Adapter, "sd15": SD15Adapter}
-
-
-def _randn(shape, generator: torch.Generator) -> torch.Tensor:
-    """Standard normal float32 draws on the generator's device (move them after)."""
-    return torch.randn(shape, generator=generator, device=generator.device)
-
-
-Generators = torch.Generator | Sequence[torch.Generator]
-
-
-def _per_sample(generator: Generators, count: int, draw) -> torch.Tensor:
-    """`draw(generator, n)` -> n samples' draws (first axis). One generator: one call for the whole batch. One
-    generator per sample: each sample's draws come from its own, so they do not depend on the batch it is in (how a
-    batch is split over ranks or micro-batches)."""
-    if isinstance(generator, torch.Generator):
-        return draw(generator, count)
-    if len(generator) != count:
-        raise ValueError(f"{len(generator)} generators for a batch of {count}: give one per sample")
-    return torch.cat([draw(one, 1) for one in generator])
 
 
 def build_adapter(model_config, sampling_config, device: str = "cpu"):

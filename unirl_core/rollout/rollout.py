@@ -12,6 +12,7 @@ import torch
 
 from unirl_core.data.groups import RolloutSample
 from unirl_core.rollout.conditions import ConditionLatents, condition_uri
+from unirl_core.rollout.noise import sample_generators
 from unirl_core.rollout.samplers import stochastic_steps
 
 
@@ -33,14 +34,12 @@ def start_step(num_steps: int, strength: float) -> int:
 
 
 @torch.no_grad()
-def run_rollout(
-    adapter, samples: list[RolloutSample], sampling, algorithm, seed: int, conditions=None, step_seed: int | None = None
-) -> Rollout:
+def run_rollout(adapter, samples: list[RolloutSample], sampling, algorithm, seed: int, conditions=None) -> Rollout:
     """Denoise `samples` from their initial noise; prompts with a condition image start image-to-image at
     `start_step` (a batch is all text-to-image or all image-to-image). `conditions`: a ConditionLatents.
 
-    Initial noise depends on (seed, sample id) only; the SDE steps' noise comes from one generator seeded with
-    `step_seed` (default `seed`): data-parallel ranks pass their own, so their draws are independent."""
+    Every draw depends on (seed, sample id) only (the caller passes seed = sampling seed + step): the initial noise,
+    and the SDE steps' noise from one generator per sample, so a sample rolls out the same on any number of ranks."""
     cond = adapter.encode([s.example.prompt for s in samples])
     shape = adapter.latent_shape(sampling.height, sampling.width)
     noise_ids = [f"prompt:{s.group_id}" if sampling.share_group_noise else s.sample_id for s in samples]
@@ -61,10 +60,10 @@ def run_rollout(
         x = adapter.noised(clean, x, start, schedule).float()
     steps = [start + i for i in stochastic_steps(sampling.num_inference_steps - start, algorithm.timestep_fraction)]
     before, after, logps = [], [], []
-    generator = torch.Generator(device=x.device).manual_seed(seed if step_seed is None else step_seed)
+    generators = sample_generators(seed, [f"sde:{s.sample_id}" for s in samples], device=x.device)
     for index in range(start, sampling.num_inference_steps):
         trained = index in steps
-        result = adapter.transition(x, index, algorithm.eta if trained else 0.0, cond, schedule, generator=generator)
+        result = adapter.transition(x, index, algorithm.eta if trained else 0.0, cond, schedule, generator=generators)
         if trained:
             before.append(x)
             after.append(result.sample)

@@ -22,6 +22,8 @@ from dataclasses import dataclass
 
 import torch
 
+from unirl_core.rollout.noise import Generators, randn_like_samples
+
 LOG_SQRT_2PI = 0.5 * math.log(2 * math.pi)
 
 
@@ -40,10 +42,14 @@ def gaussian_log_prob(x: torch.Tensor, mean: torch.Tensor, std: torch.Tensor) ->
     return per_element.mean(dim=tuple(range(1, x.ndim)))
 
 
-def _gaussian_step(mean, std, prev_sample, generator) -> StepResult:
-    """Draw x_next ~ N(mean, std^2), or take the stored `prev_sample`, and its log-prob."""
+def _gaussian_step(mean, std, prev_sample, generator: Generators | None) -> StepResult:
+    """Draw x_next ~ N(mean, std^2), or take the stored `prev_sample`, and its log-prob. `generator`: one for the
+    batch, or one per sample (each sample's noise then depends on its own generator only)."""
     if prev_sample is None:
-        noise = torch.randn(mean.shape, generator=generator, device=mean.device, dtype=torch.float32)
+        if generator is None:
+            noise = torch.randn(mean.shape, device=mean.device, dtype=torch.float32)
+        else:
+            noise = randn_like_samples(mean.shape, generator).to(mean.device)
         prev_sample = mean + std * noise
     prev_sample = prev_sample.float()
     return StepResult(prev_sample, gaussian_log_prob(prev_sample, mean, std), mean, std)
@@ -57,7 +63,7 @@ def flow_sde_step(
     eta: float,
     sigma_max: float | None = None,
     prev_sample: torch.Tensor | None = None,
-    generator: torch.Generator | None = None,
+    generator: Generators | None = None,
 ) -> StepResult:
     """One flow-matching SDE step. With `prev_sample`, the log-prob of that stored transition (re-evaluation)."""
     v, x = velocity.float(), latents.float()
@@ -79,7 +85,7 @@ def ddim_step(
     alpha_prod_prev: float,
     eta: float,
     prev_sample: torch.Tensor | None = None,
-    generator: torch.Generator | None = None,
+    generator: Generators | None = None,
 ) -> StepResult:
     """One DDIM step (epsilon prediction) with its Gaussian log-prob; eta = 1 is DDPO's sampler."""
     eps, x = noise_pred.float(), latents.float()

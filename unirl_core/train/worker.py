@@ -16,13 +16,6 @@ import torch
 from unirl_core.distributed.worker_group import TorchWorker
 
 
-def rank_seed(seed: int, step: int, rank: int) -> int:
-    """The SDE-noise seed of `rank` at `step`: rank 0 draws as the single-process runner does."""
-    from unirl_core.models.adapters import sample_seed
-
-    return seed + step if rank == 0 else sample_seed(seed + step, f"rank:{rank}")
-
-
 class TrainWorker(TorchWorker):
     def build(self, config_json: str, stage: str) -> dict[str, int]:
         """Build the adapter, shard it, and the stack of `stage` (`rl` or `warmup`); returns how much of the
@@ -69,10 +62,7 @@ class TrainWorker(TorchWorker):
         config = self.config
         started = time.perf_counter()
         seed = config.sampling.seed + step
-        self._rollout = run_rollout(
-            self.adapter, samples, config.sampling, config.algorithm, seed=seed,
-            step_seed=rank_seed(config.sampling.seed, step, self.rank),
-        )  # fmt: skip
+        self._rollout = run_rollout(self.adapter, samples, config.sampling, config.algorithm, seed=seed)
         rolled = time.perf_counter()
         scores = self.rewards.score(
             self._rollout.images, [s.example.prompt for s in samples], [s.sample_id for s in samples]
@@ -97,7 +87,7 @@ class TrainWorker(TorchWorker):
 
     def warmup(self, batch: dict[str, Any], step: int) -> dict[str, float]:
         """One supervised step on this rank's share of precached (latent, conditioning) pairs."""
-        from unirl_core.models.adapters import sample_seed
+        from unirl_core.rollout.noise import sample_seed
 
         started = time.perf_counter()
         # per sample, from (seed, step, sample key): the same draws on any number of workers and micro-batches
@@ -113,7 +103,7 @@ class TrainWorker(TorchWorker):
     @torch.no_grad()
     def warmup_eval(self, batch: dict[str, Any], seed: int, draws: int = 4) -> float:
         """The denoising loss on this rank's share of a fixed batch, averaged over `draws` fixed noise draws."""
-        from unirl_core.models.adapters import sample_seed
+        from unirl_core.rollout.noise import sample_seed
 
         latents = batch["latents"].to(self.device)
         cond = {k: v.to(self.device) for k, v in batch["cond"].items()}
