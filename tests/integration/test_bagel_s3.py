@@ -10,11 +10,11 @@ import fsspec
 import pytest
 import yaml
 
+from unirl_core.data.bagel.batch_check import validate_batch
 from unirl_core.data.bagel.config import load_mixture
 from unirl_core.data.bagel.datasets import Layout
 from unirl_core.data.bagel.demo import write_demo_mixture
 from unirl_core.data.bagel.loader import open_groups, open_packer, packing_config
-from unirl_core.data.bagel.packing import validate_batch
 
 pytestmark = pytest.mark.slow
 

@@ -6,7 +6,8 @@ from pathlib import Path
 
 import image_cases as cases
 
-from unirl_core.ingest.reorganize import generate_wdinfo, reorganize, shards_folder
+from unirl_core.ingest.reorganize import reorganize, shards_folder
+from unirl_core.io.shard_index import generate_wdinfo
 from unirl_core.io.tars import TarShardWriter
 
 

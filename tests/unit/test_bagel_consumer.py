@@ -9,10 +9,10 @@ import pytest
 import torch
 from bagel_consumer import MiniBagel
 
+from unirl_core.data.bagel.batch_check import validate_batch
 from unirl_core.data.bagel.config import load_mixture
 from unirl_core.data.bagel.demo import write_demo_mixture
 from unirl_core.data.bagel.loader import open_packer, packing_config
-from unirl_core.data.bagel.packing import validate_batch
 from unirl_core.data.bagel.tokenizer import load_tokenizer
 
 SMALL = {"expected_num_tokens": 1536, "max_num_tokens": 1792, "max_num_tokens_per_sample": 1024,

@@ -12,7 +12,8 @@ import pyarrow.parquet as pq
 import pytest
 
 from unirl_core.data.bagel.export import export_edit, export_t2i, export_vlm, source_shards
-from unirl_core.ingest.reorganize import generate_wdinfo, reorganize, shards_folder
+from unirl_core.ingest.reorganize import reorganize, shards_folder
+from unirl_core.io.shard_index import generate_wdinfo
 from unirl_core.io.tars import TarShardWriter
 
 NUM_SAMPLES, CORRUPT, NO_CAPTION, NO_IMAGE, MANY_CAPTIONS = 12, 3, 5, 7, 9

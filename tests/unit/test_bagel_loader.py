@@ -14,12 +14,12 @@ from bagel_cases import write_ingested
 from typer.testing import CliRunner
 
 from flows.cli import app
+from unirl_core.data.bagel.batch_check import validate_batch
 from unirl_core.data.bagel.config import load_mixture
 from unirl_core.data.bagel.datasets import Layout
 from unirl_core.data.bagel.demo import VAE_ARGS, VIT_ARGS, write_demo_mixture
 from unirl_core.data.bagel.export import export_t2i, export_vlm
 from unirl_core.data.bagel.loader import PackedDataset, open_packer, packing_config
-from unirl_core.data.bagel.packing import validate_batch
 
 runner = CliRunner()
 

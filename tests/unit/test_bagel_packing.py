@@ -13,14 +13,8 @@ import pytest
 import torch
 from PIL import Image
 
-from unirl_core.data.bagel.packing import (
-    Packer,
-    PackGroup,
-    PackingConfig,
-    batch_keys,
-    patchify,
-    validate_batch,
-)
+from unirl_core.data.bagel.batch_check import batch_keys, validate_batch
+from unirl_core.data.bagel.packing import Packer, PackGroup, PackingConfig, patchify
 from unirl_core.data.bagel.plans import SampleBuilder
 from unirl_core.data.bagel.tokenizer import SpecialTokens
 from unirl_core.data.bagel.transforms import ImageTransformArgs

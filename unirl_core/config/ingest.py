@@ -18,7 +18,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import Field, field_validator
 
-from unirl_core.config.schema_base import Count, Problem, StrictModel
+from unirl_core.config.schema_base import Count, OptionalStr, Problem, StrictModel
 
 MAX_ROWS_PER_UNIT = 10_000  # keys are 5 digits of unit + 4 digits of row, as img2dataset's
 # Fields every row record and sample JSON carries; input columns cannot be saved under these names.
@@ -60,16 +60,16 @@ class DownloadImagesConfig(StrictModel):
     enable: bool = True
     """Run this stage. Disabled: the raw shards of an earlier run are used."""
 
-    url_col: str | None = "url"
+    url_col: OptionalStr = "url"
     """Column with the image URL (http, https or s3). Empty: images come only from `image_bytes_col`."""
 
-    image_bytes_col: str | None = None
+    image_bytes_col: OptionalStr = None
     """Column with the encoded image bytes (or Hugging Face's Image struct). When a row has both bytes and a URL, the bytes are used (no fetch)."""
 
-    caption_col: str | None = "caption"
+    caption_col: OptionalStr = "caption"
     """Column with the caption text. A null caption is stored as an empty caption."""
 
-    captions_json_col: str | None = None
+    captions_json_col: OptionalStr = None
     """Column with a JSON object of captions (BAGEL's t2i parquet: {"0": "...", "1": "..."}): the first (by key)
     becomes the caption, all are kept in the sample's JSON."""
 
@@ -118,11 +118,6 @@ class DownloadImagesConfig(StrictModel):
     """Networks (CIDR) exempt from the address guard, for tests and private mirrors (`["10.0.0.0/8"]`). Any other
     loopback, private, link-local or reserved address is `blocked_address`, checked before connecting and again on
     the connected socket, at every redirect hop."""
-
-    @field_validator("url_col", "image_bytes_col", "caption_col", "captions_json_col", mode="before")
-    @classmethod
-    def _empty_is_unset(cls, value: Any) -> Any:
-        return None if value == "" else value
 
     @field_validator("allowed_private_networks")
     @classmethod
@@ -210,7 +205,7 @@ class GenerateWdinfoConfig(StrictModel):
 class IngestConfig(StrictModel):
     """Parquet (or jsonl/csv) of captions and image URLs or bytes -> WebDataset shards, NeMo's stages."""
 
-    dataset_output_root: str | None = None
+    dataset_output_root: OptionalStr = None
     """Output folder or fsspec URL (`s3://bucket/datasets/name`). Empty: `$UNIRL_HOME/data/<recipe name>`."""
 
     download_parquet: DownloadParquetConfig = DownloadParquetConfig()
@@ -224,11 +219,6 @@ class IngestConfig(StrictModel):
 
     generate_wdinfo: GenerateWdinfoConfig = GenerateWdinfoConfig()
     """Stage 4: shard index."""
-
-    @field_validator("dataset_output_root", mode="before")
-    @classmethod
-    def _empty_is_unset(cls, value: Any) -> Any:
-        return None if value == "" else value
 
     def problems(self):
         yield from super().problems()

@@ -23,7 +23,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import Field, field_validator, model_validator
 
-from unirl_core.config.schema_base import Count, StrictModel
+from unirl_core.config.schema_base import Count, OptionalStr, StrictModel
 
 
 class EncoderConfig(StrictModel):
@@ -88,13 +88,13 @@ class ImageTransformConfig(StrictModel):
 class PrecacheConfig(StrictModel):
     """Frozen-encoder precache of WebDataset shards into encoding shards (NeMo's precache_encodings stage)."""
 
-    input_dir: str | None = None
+    input_dir: OptionalStr = None
     """Folder or URL of the source shards (`*.tar`). Empty: the `shards/` folder of this recipe's ingest output."""
 
-    output_dir: str | None = None
+    output_dir: OptionalStr = None
     """Folder or URL for the encoding shards. Empty: `<input_dir>/../precache`."""
 
-    precache_config_path: str | None = None
+    precache_config_path: OptionalStr = None
     """A standalone NeMo precache YAML; its keys fill this section (keys set here win)."""
 
     batch_size_per_GPU: Annotated[Count, Field(ge=1)] = 8
@@ -148,11 +148,6 @@ class PrecacheConfig(StrictModel):
         if isinstance(value, str) and not re.fullmatch(r"\d+-\d+", value.strip()):
             raise ValueError('an integer task count, or a range "A-B" of task ids')
         return value
-
-    @field_validator("input_dir", "output_dir", "precache_config_path", mode="before")
-    @classmethod
-    def _empty_is_unset(cls, value: Any) -> Any:
-        return None if value == "" else value
 
     @property
     def output_format(self) -> str:

@@ -12,13 +12,13 @@ Batch arithmetic (global, per rollout):
 from __future__ import annotations
 
 from collections.abc import Iterator
-from typing import Annotated, Any, Literal
+from typing import Annotated, Literal
 
-from pydantic import Field, field_validator
+from pydantic import Field
 
 from unirl_core.config.ingest import IngestConfig
 from unirl_core.config.precache import PrecacheConfig
-from unirl_core.config.schema_base import Count, Problem, Seed, StrictModel
+from unirl_core.config.schema_base import Count, OptionalStr, Problem, Seed, StrictModel
 
 
 class DataConfig(StrictModel):
@@ -29,11 +29,11 @@ class DataConfig(StrictModel):
     batch; `smoke` ignores `data_path` and cycles a few built-in prompts. A dotted class path
     (`package.module.Class`) selects a custom source."""
 
-    data_path: str | None = None
+    data_path: OptionalStr = None
     """Training prompt file: `.txt` (one prompt per line), `.jsonl` or `.json`; a local path or an fsspec URL
     (`s3://bucket/prompts.jsonl`). Required by the `file` source. Recipes usually read it from `${env:DATA_PATH}`."""
 
-    eval_data_path: str | None = None
+    eval_data_path: OptionalStr = None
     """Optional eval prompt file (same formats), read in file order, never shuffled. Usually `${env:EVAL_DATA_PATH,}`."""
 
     prompt_key: str = "prompt"
@@ -48,11 +48,6 @@ class DataConfig(StrictModel):
 
     seed: Seed = 0
     """Seed of the epoch shuffle: epoch e uses the permutation drawn from (seed, e), so a resume is exact."""
-
-    @field_validator("data_path", "eval_data_path", mode="before")
-    @classmethod
-    def _empty_is_unset(cls, value: Any) -> Any:
-        return None if value == "" else value  # `${env:EVAL_DATA_PATH,}` with the variable unset
 
     def problems(self) -> Iterator[Problem]:
         from unirl_core.data.sources import SOURCES, source_class
@@ -131,15 +126,10 @@ class ModelConfig(StrictModel):
     lora: LoraConfig | None = LoraConfig()
     """LoRA settings; empty (null) means full fine-tuning of the denoiser."""
 
-    text_embedding_cache: str | None = None
+    text_embedding_cache: OptionalStr = None
     """Folder of the text-embedding cache (e.g. `.unirl/cache/text-embeddings`, or an fsspec URL): prompt
     conditioning is read from it and misses are computed and written back, keyed by the text encoders' weights.
     `unirl precache prompts FILE --recipe R` fills it ahead of a run. Empty: encode every rollout."""
-
-    @field_validator("text_embedding_cache", mode="before")
-    @classmethod
-    def _empty_is_unset(cls, value: Any) -> Any:
-        return None if value == "" else value
 
 
 class AlgorithmConfig(StrictModel):
@@ -208,7 +198,7 @@ class AlgorithmConfig(StrictModel):
 class ClipRewardConfig(StrictModel):
     """Settings of the `clip_score` reward: 100 x cosine(CLIP image embedding, CLIP prompt embedding)."""
 
-    model_path: str | None = None
+    model_path: OptionalStr = None
     """Local folder of a transformers CLIP checkpoint (`CLIPModel` weights, tokenizer, image processor), e.g. a
     `save_pretrained` copy of openai/clip-vit-large-patch14. Loaded offline, once per process. Recipes usually read
     it from `${env:CLIP_PATH}`."""
@@ -216,30 +206,20 @@ class ClipRewardConfig(StrictModel):
     batch_size: Annotated[Count, Field(ge=1)] = 32
     """Per rank: images (and prompts) per CLIP forward."""
 
-    @field_validator("model_path", mode="before")
-    @classmethod
-    def _empty_is_unset(cls, value: Any) -> Any:
-        return None if value == "" else value
-
 
 class AestheticRewardConfig(StrictModel):
     """Settings of the `aesthetic` reward: LAION's aesthetic predictor head on a CLIP image embedding."""
 
-    clip_model_path: str | None = None
+    clip_model_path: OptionalStr = None
     """Local CLIP folder (as `clip.model_path`) whose image embedding the head was trained on: ViT-L/14 for the
     public LAION head. Shared with `clip_score` when both name the same folder."""
 
-    head_path: str | None = None
+    head_path: OptionalStr = None
     """The head's `.safetensors` file (pickle is refused); key layout and how to convert the public LAION `.pth`
     in unirl_core/rewards/aesthetic.py."""
 
     batch_size: Annotated[Count, Field(ge=1)] = 32
     """Per rank: images per CLIP forward."""
-
-    @field_validator("clip_model_path", "head_path", mode="before")
-    @classmethod
-    def _empty_is_unset(cls, value: Any) -> Any:
-        return None if value == "" else value
 
 
 class RemoteScorerConfig(StrictModel):
@@ -266,14 +246,9 @@ class RemoteScorerConfig(StrictModel):
     auth_header: str = "Authorization"
     """Name of the header that carries the credential, when `auth_header_env` is set."""
 
-    auth_header_env: str | None = None
+    auth_header_env: OptionalStr = None
     """NAME of the environment variable holding the header's value (e.g. `SCORER_TOKEN`, holding `Bearer ...`);
     never the secret itself. Empty: no auth header."""
-
-    @field_validator("auth_header_env", mode="before")
-    @classmethod
-    def _empty_is_unset(cls, value: Any) -> Any:
-        return None if value == "" else value
 
     def problems(self) -> Iterator[Problem]:
         if not self.url.startswith(("http://", "https://")):
@@ -434,14 +409,9 @@ class TrackingConfig(StrictModel):
 class TrainConfig(StrictModel):
     """Training: the model, the data and sampling, the algorithm and the reward."""
 
-    output_dir: str | None = None
+    output_dir: OptionalStr = None
     """Folder for this training's checkpoints and samples (local path or fsspec URL). Empty: the workspace's
     `$UNIRL_HOME/outputs/<recipe name>`, filled in when the recipe is loaded. Recipes read it from `${env:OUTPUT_DIR,}`."""
-
-    @field_validator("output_dir", mode="before")
-    @classmethod
-    def _empty_is_unset(cls, value: Any) -> Any:
-        return None if value == "" else value
 
     data: DataConfig = DataConfig()
     """Prompt data source and rollout batch size."""

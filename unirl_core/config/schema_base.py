@@ -16,8 +16,13 @@ def _not_bool(value: Any) -> Any:
     return value
 
 
+def _empty_is_unset(value: Any) -> Any:
+    return None if value == "" else value
+
+
 Count = Annotated[int, BeforeValidator(_not_bool)]
 Seed = Annotated[int, BeforeValidator(_not_bool), Field(ge=0, lt=2**63)]
+OptionalStr = Annotated[str | None, BeforeValidator(_empty_is_unset)]  # "" (an unset `${env:VAR,}`) counts as unset
 
 
 class StrictModel(BaseModel):

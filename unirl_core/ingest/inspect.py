@@ -12,6 +12,7 @@ import numpy as np
 from PIL import Image
 
 from unirl_core.io import storage
+from unirl_core.io.shard_index import INDEX, read_index
 from unirl_core.io.tars import iter_samples
 
 IMAGE_EXTENSIONS = ("jpg", "jpeg", "png", "webp")
@@ -24,18 +25,18 @@ class DatasetNotFound(ValueError):
 def _locate(path: str) -> tuple[str, str]:
     """(dataset root, shards folder) for a root, a shards folder or an index.json path."""
     path = path.rstrip("/")
-    if path.endswith("index.json"):
+    if path.endswith(INDEX):
         path = path.rsplit("/", 1)[0]
-    if storage.exists(f"{path}/shards/index.json"):
+    if storage.exists(f"{path}/shards/{INDEX}"):
         return path, f"{path}/shards"
-    if storage.exists(f"{path}/index.json"):
+    if storage.exists(f"{path}/{INDEX}"):
         return path.rsplit("/", 1)[0], path
     raise DatasetNotFound(f"{path}: no index.json here or in {path}/shards; run `unirl ingest` (generate_wdinfo)")
 
 
 def describe(path: str) -> dict:
     root, folder = _locate(path)
-    index = json.loads(storage.read_text(f"{folder}/index.json"))
+    index = read_index(folder)
     reasons: Counter = Counter()
     rows = 0
     fs, shards_path = fsspec.core.url_to_fs(folder)

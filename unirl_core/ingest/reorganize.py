@@ -1,4 +1,4 @@
-"""Stages 3 and 4: reorganize_tar (equal-size shards) and generate_wdinfo (NeMo's index and a JSON twin).
+"""Stage 3: reorganize_tar (equal-size shards); stage 4, generate_wdinfo, writes their index (io/shard_index.py).
 
 reorganize_tar streams the committed raw shards in unit order, which is key order (keys start with the unit
 number), and writes `shards/NNNNN.tar` of exactly `tar_chunk_size` samples; the tail shard gets a sibling
@@ -6,16 +6,12 @@ number), and writes `shards/NNNNN.tar` of exactly `tar_chunk_size` samples; the 
 of its tar is still copied (NeMo skips the remainder of the tar, and iterates a set, so its order varies: we do
 neither). `shards/_reorganize.json` is the commit record, written last; a re-run with the same raw shards and
 settings is a no-op, otherwise the stage is rebuilt from scratch (its output is a pure function of its inputs).
-
-generate_wdinfo writes `wdinfo.pkl` exactly as NeMo does (a pickled dict of `tar_files`, `chunk_size`,
-`total_key_count`, complete shards only) and `index.json`, the same without pickle (wids layout, plus sha256).
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
-import pickle
 from collections import Counter
 from collections.abc import Iterator
 from dataclasses import asdict
@@ -23,11 +19,11 @@ from dataclasses import asdict
 import fsspec
 
 from unirl_core.io import storage
+from unirl_core.io.shard_index import INDEX, WDINFO
 from unirl_core.io.tars import ShardInfo, TarShardWriter, iter_samples
 
 REORGANIZE_RECORD = "_reorganize.json"
 INCOMPLETE = ".INCOMPLETE"
-WDINFO_PICKLE_PROTOCOL = 4  # what NeMo's Python (3.8-3.13) writes by default
 
 
 def shards_folder(root: str) -> str:
@@ -98,38 +94,5 @@ def _clear_outputs(folder: str) -> None:
         name = entry.rsplit("/", 1)[-1]
         ours = name[:5].isdigit() and (name.endswith(".tar") or name.endswith(INCOMPLETE))
         leftover = name.startswith(".") and name.endswith(".tmp")
-        if ours or leftover or name in (REORGANIZE_RECORD, "wdinfo.pkl", "index.json"):
+        if ours or leftover or name in (REORGANIZE_RECORD, WDINFO, INDEX):
             fs.rm(entry)
-
-
-def generate_wdinfo(folder: str, record: dict) -> dict:
-    """Write `<folder>/wdinfo.pkl` (NeMo) and `<folder>/index.json` (no pickle) for the complete shards of
-    `record` ({"chunk_size", "shards": [{name, nsamples, filesize, sha256, md5, complete}], "skipped"})."""
-    complete = [s for s in record["shards"] if s["complete"]]
-    wdinfo = {
-        "tar_files": sorted(s["name"] for s in complete),
-        "chunk_size": record["chunk_size"],
-        "total_key_count": len(complete) * record["chunk_size"],
-    }
-    index = {
-        "__kind__": "wids-shard-index-v1",
-        "wids_version": 1,
-        "chunk_size": record["chunk_size"],
-        "total_key_count": wdinfo["total_key_count"],
-        "shardlist": [
-            {
-                "url": s["name"],
-                "nsamples": s["nsamples"],
-                "filesize": s["filesize"],
-                "md5sum": s["md5"],
-                "sha256": s["sha256"],
-            }
-            for s in complete
-        ],
-        "incomplete": [s["name"] for s in record["shards"] if not s["complete"]],
-        "skipped_in_reorganize": record.get("skipped", {}),
-    }
-    # The one pickle we write: NeMo's loader reads nothing else. Plain dict of str/int, protocol pinned.
-    storage.write_bytes_atomic(f"{folder}/wdinfo.pkl", pickle.dumps(wdinfo, protocol=WDINFO_PICKLE_PROTOCOL))
-    storage.write_bytes_atomic(f"{folder}/index.json", json.dumps(index, indent=1, sort_keys=True).encode())
-    return index

@@ -14,8 +14,9 @@ from collections import Counter
 from unirl_core.config.ingest import IngestConfig
 from unirl_core.ingest.download import committed_stats, download_unit, raw_paths
 from unirl_core.ingest.plan import IngestInputError, WorkUnit, plan_units, read_plan, write_plan
-from unirl_core.ingest.reorganize import REORGANIZE_RECORD, generate_wdinfo, reorganize, shards_folder
+from unirl_core.ingest.reorganize import REORGANIZE_RECORD, reorganize, shards_folder
 from unirl_core.io import storage
+from unirl_core.io.shard_index import generate_wdinfo
 
 __all__ = [
     "download_unit",

@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections import Counter
 
 from unirl_core.config.precache import PrecacheConfig
-from unirl_core.ingest.reorganize import generate_wdinfo
+from unirl_core.io.shard_index import generate_wdinfo
 from unirl_core.precache.read import done_records
 from unirl_core.precache.run import PrecacheError, run_task
 from unirl_core.precache.source import source_shards, task_plan

@@ -13,7 +13,8 @@
     packing: {expected_num_tokens: 32768}  # ours: PackingConfig fields
     seed: 0                           # ours: sharding, per-sample draws and the packer
 
-Relative paths are resolved against the YAML's folder. Unknown keys are errors naming the allowed ones.
+Relative paths are resolved against the YAML's folder. Unknown keys are errors naming the allowed ones. The models
+stand on the shared config base (StrictModel): assignments are validated too, and a weight must be finite.
 """
 
 from __future__ import annotations
@@ -22,19 +23,16 @@ from pathlib import Path
 from typing import Any
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import Field, ValidationError, model_validator
 
+from unirl_core.config.schema_base import StrictModel
 from unirl_core.data.bagel.transforms import ImageTransformArgs
 
 DATASET_TYPES = ("t2i_pretrain", "unified_edit", "vlm_sft")
 RESERVED_KEYS = ("dataset_info", "tokenizer", "packing", "seed")
 
 
-class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-
-
-class TransformArgs(_Strict):
+class TransformArgs(StrictModel):
     image_stride: int = 16  # pixels per token side: 16 for the VAE (downsample 8 x patch 2), 14 for the ViT
     max_image_size: int = 1024  # longest side after resizing, pixels
     min_image_size: int = 512  # shortest side is scaled up to at least this, pixels
@@ -44,12 +42,12 @@ class TransformArgs(_Strict):
         return ImageTransformArgs(**self.model_dump())
 
 
-class FrameSamplerArgs(_Strict):
+class FrameSamplerArgs(StrictModel):
     max_num_frames: int = 12  # frames sampled per video, at most
     min_num_frames: int = 8  # and at least (when the video has that many)
 
 
-class GroupConfig(_Strict):
+class GroupConfig(StrictModel):
     """One group of BAGEL's data YAML (the keys BAGEL reads, with its defaults)."""
 
     dataset_names: list[str] = Field(min_length=1)
@@ -72,7 +70,7 @@ class GroupConfig(_Strict):
         return self
 
 
-class DatasetInfo(_Strict):
+class DatasetInfo(StrictModel):
     """BAGEL's dataset info keys for one named dataset."""
 
     data_dir: str | None = None  # parquet types: the folder of parquet files; vlm_sft: the image folder
@@ -82,7 +80,7 @@ class DatasetInfo(_Strict):
     jsonl_path: str | None = None  # vlm_sft: the conversations file
 
 
-class Mixture(_Strict):
+class Mixture(StrictModel):
     groups: dict[str, GroupConfig]
     dataset_info: dict[str, dict[str, DatasetInfo]]
     tokenizer: str | None = None
