@@ -43,7 +43,8 @@ def build_model(name: str, folder: Path) -> tuple[str, int]:
     """A pipeline folder for `name` and its denoiser's parameter count."""
     from diffusers import SD3Transformer2DModel
 
-    from unirl_core.models.tiny import T5_HIDDEN, build_tiny_pipeline
+    from unirl_core.models.registry import build_tiny_pipeline
+    from unirl_core.models.tiny import T5_HIDDEN
 
     family, overrides, size, _ = SHAPES[name]
     torch.manual_seed(0)

@@ -60,7 +60,7 @@ WORDS = ["red", "blue", "green", "small", "large", "house", "tree", "river", "sk
 
 def build_model(name: str, folder: Path) -> dict[str, int]:
     """A StableDiffusion3Pipeline folder for preset `name`; returns parameter counts per component."""
-    from unirl_core.models.tiny import build_tiny_pipeline
+    from unirl_core.models.registry import build_tiny_pipeline
 
     sizes = PRESETS[name][2]
     pipeline = build_tiny_pipeline("sd3") if sizes is None else _sized_sd3(PRESETS[name][0], sizes)
@@ -168,13 +168,13 @@ def precache_config(src: Path, out: Path, model: str, size: int, batch: int) -> 
 def run(mode: str, config, data, sources, steps: int, skip: int) -> dict:
     """`skip` + `steps` warm-up steps; times the last `steps`. On the fly, the batches come from `data` too (its
     keys only), so both modes train on the same samples in the same order."""
-    from unirl_core.models.adapters import build_adapter
+    from unirl_core.models.registry import build_family
     from unirl_core.rollout.noise import sample_seed
     from unirl_core.train.stack import WarmupStack
 
     data.load_state_dict(data.state_dict() | {"epoch": 0, "batch_in_epoch": 0})
     torch.manual_seed(0)  # the same initial LoRA weights in both modes
-    adapter = build_adapter(config.model, config.sampling)
+    adapter = build_family(config.model, config.sampling)
     stack = WarmupStack(adapter, config.warmup, config.algorithm.max_grad_norm)
     losses, seconds, encoding = [], [], []
     for step in range(skip + steps):

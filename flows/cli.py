@@ -469,32 +469,15 @@ def _precache_prompts(recipe, prompts_file: str, cache_dir: str | None) -> None:
         prompts = sorted({e.prompt for e in load_prompts(prompts_file)})
     except PromptDataError as exc:
         raise _fail(f"error: {exc}") from None
+    from unirl_core.precache.prompt_cache import fill_prompt_caches
+
     root = cache_dir or str(current().root / "cache" / "text-embeddings")
-    if specs:
-        from unirl_core.precache.prompt_cache import CachedTextEncoder
-        from unirl_core.precache.run import DTYPES, resolve_device
-
-        device, dtype = resolve_device(config.device), DTYPES[config.dtype]
-        for spec in specs:
-            cached = CachedTextEncoder(spec, root, device, dtype)
-            for start in range(0, len(prompts), config.batch_size_per_GPU):
-                cached.embed(prompts[start : start + config.batch_size_per_GPU])
-            typer.echo(
-                f"{spec.key}: {len(prompts)} prompts, {cached.hits} cached already, {cached.misses} computed -> "
-                f"{cached.cache.folder}"
-            )
-    if train is not None:
-        _quiet_model_libraries()
-        from unirl_core.models.adapters import build_adapter
-
-        adapter = build_adapter(train.model.model_copy(update={"lora": None}), train.sampling)
-        adapter.attach_text_cache(cache_dir or train.model.text_embedding_cache or root)
-        texts = [*prompts, train.sampling.negative_prompt]
-        for start in range(0, len(texts), 32):
-            adapter.embed_texts(texts[start : start + 32])
+    model_root = cache_dir or (train.model.text_embedding_cache if train else None) or root
+    _quiet_model_libraries()
+    for fill in fill_prompt_caches(config, train, prompts, root, model_root):
         typer.echo(
-            f"train.model ({train.model.family}): {len(set(texts))} texts, {adapter.text_cache_hits} cached already, "
-            f"{adapter.text_cache_misses} computed -> {adapter.text_cache.folder}"
+            f"{fill.label}: {fill.texts} {'texts' if fill.label.startswith('train.') else 'prompts'}, {fill.hits} "
+            f"cached already, {fill.misses} computed -> {fill.folder}"
         )
 
 
@@ -603,14 +586,12 @@ def tiny_models(
     seed: Annotated[int, typer.Option(help="Seed of the random weights (same seed, same files).")] = 0,
 ) -> None:
     """Write a tiny diffusers pipeline folder (real architecture, random weights) for tests and demos."""
-    from unirl_core.models.tiny import FAMILIES, write_tiny_model
+    from unirl_core.models.registry import UnknownFamilyError, write_tiny_model
 
     _quiet_model_libraries()
-    if family not in FAMILIES:
-        raise _fail(f"error: --family {family!r} is not one of {', '.join(FAMILIES)}")
     try:
         out = write_tiny_model(out_dir, family, seed)
-    except FileExistsError as exc:
+    except (FileExistsError, UnknownFamilyError) as exc:
         raise _fail(f"error: {exc}") from None
     size = sum(p.stat().st_size for p in out.rglob("*") if p.is_file())
     typer.echo(f"wrote tiny {family} pipeline (seed {seed}, {size / 1e6:.1f} MB) to {out}")

@@ -75,7 +75,7 @@ def mlflow_uri(tmp_path, monkeypatch):
 
 @pytest.fixture(scope="session", params=["sd3", "sd15"])
 def tiny_model(request, tmp_path_factory):
-    from unirl_core.models.tiny import write_tiny_model
+    from unirl_core.models.registry import write_tiny_model
 
     family = request.param
     return family, write_tiny_model(tmp_path_factory.mktemp(f"tiny-{family}") / "pipeline", family, seed=0)

@@ -85,11 +85,19 @@ def validate(config: TrainConfig, precache=None) -> None:
             f"train.data.prompts_per_rollout: {config.data.prompts_per_rollout} prompts per rollout, but the source "
             f"has only {len(available)} prompts; lower it or add prompts"
         )
-    factor = 16  # VAE (8) x patch (2) for the SD3 family; 8 suffices for SD1.x, 16 is safe for both
+    from unirl_core.models.registry import UnknownFamilyError, family_class
+
+    try:
+        factor = family_class(config.model.family).latent_stride
+    except UnknownFamilyError as exc:
+        raise TrainingConfigError(f"training cannot start: train.model.family: {exc}") from None
     for key in ("height", "width"):
         size = getattr(config.sampling, key)
         if size % factor:
-            problems.append(f"train.sampling.{key}: {size} must be a multiple of {factor} (VAE stride x patch size)")
+            problems.append(
+                f"train.sampling.{key}: {size} must be a multiple of {factor} (the {config.model.family} family's "
+                "pixels per latent token: VAE stride x patch size)"
+            )
     if config.warmup.steps and precache is None:
         problems.append(
             f"train.warmup.steps: {config.warmup.steps} warm-up steps need the recipe's `precache` section (the "

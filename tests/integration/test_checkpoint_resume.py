@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from unirl_core.config import load_recipe
-from unirl_core.models.adapters import build_adapter
+from unirl_core.models.registry import build_family
 from unirl_core.train.checkpoint import CheckpointError, CheckpointManager
 from unirl_core.train.local import iter_local
 
@@ -24,7 +24,7 @@ def comparable(metrics):
 
 
 def trained_weights(train_config, folder):
-    adapter = build_adapter(train_config.model, train_config.sampling)
+    adapter = build_family(train_config.model, train_config.sampling)
     optimizer = torch.optim.AdamW(adapter.parameters())
     CheckpointManager(folder.parent).load(folder, adapter.trainable, optimizer)
     return {n: p.detach().clone() for n, p in adapter.trainable.named_parameters() if p.requires_grad}
@@ -60,7 +60,7 @@ def test_partial_writes_are_ignored_retention_keeps_two_and_errors_name_the_file
     latest = manager.latest()
     data = next(latest.glob("*.distcp"))
     data.write_bytes(b"\x00" * data.stat().st_size)
-    adapter = build_adapter(train.model, train.sampling)
+    adapter = build_family(train.model, train.sampling)
     with pytest.raises(CheckpointError, match=r"step_00000004.*distcp"):
         manager.load(latest, adapter.trainable, torch.optim.AdamW(adapter.parameters()))
     changed = config(**{"train.algorithm.learning_rate": "0.05"})

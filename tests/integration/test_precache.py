@@ -26,7 +26,7 @@ pytestmark = pytest.mark.slow
 def source(tmp_path_factory):
     """Ingested shards (8 + 8 + 7 samples) plus a hand-made shard whose second sample has a corrupt image."""
     from unirl_core.ingest import stages
-    from unirl_core.models.tiny import write_tiny_model
+    from unirl_core.models.registry import write_tiny_model
 
     folder = tmp_path_factory.mktemp("precache-source")
     rows = [

@@ -17,7 +17,7 @@ pytestmark = pytest.mark.slow
 
 @pytest.fixture(scope="module")
 def recipe(tmp_path_factory):
-    from unirl_core.models.tiny import write_tiny_model
+    from unirl_core.models.registry import write_tiny_model
 
     folder = tmp_path_factory.mktemp("prompt-cache")
     model = write_tiny_model(folder / "sd3", "sd3")

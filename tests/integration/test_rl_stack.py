@@ -8,7 +8,7 @@ import torch
 from unirl_core.config import recipe_from_tree
 from unirl_core.data.groups import expand_groups
 from unirl_core.data.sources import build_source
-from unirl_core.models.adapters import build_adapter
+from unirl_core.models.registry import build_family
 from unirl_core.rollout.rollout import run_rollout
 from unirl_core.train.local import run_local
 from unirl_core.train.stack import TrainStack
@@ -48,7 +48,7 @@ def test_first_ratio_is_exactly_one_and_runs_repeat_bit_identically(family):
 
 def test_kl_is_zero_before_updates_and_grows_after(tmp_path):
     config = train_config("sd3", beta=0.1, learning_rate=1e-2, clip_range=0.5)
-    adapter = build_adapter(config.model, config.sampling)
+    adapter = build_family(config.model, config.sampling)
     samples = expand_groups(build_source(config.data).next_batch(), config.sampling.samples_per_prompt)
     rollout = run_rollout(adapter, samples, config.sampling, config.algorithm, seed=0)
     stack = TrainStack(adapter, config.algorithm)
@@ -62,7 +62,7 @@ def test_kl_is_zero_before_updates_and_grows_after(tmp_path):
 def test_siblings_share_their_initial_noise_only_when_asked():
     config = train_config("sd3")
     samples = expand_groups(build_source(config.data).next_batch(), 2)
-    adapter = build_adapter(config.model, config.sampling)
+    adapter = build_family(config.model, config.sampling)
     own = run_rollout(adapter, samples, config.sampling, config.algorithm, seed=0).latents_TB[0]
     config.sampling.share_group_noise = True
     shared = run_rollout(adapter, samples, config.sampling, config.algorithm, seed=0).latents_TB[0]
@@ -76,7 +76,7 @@ def test_siblings_share_their_initial_noise_only_when_asked():
 
 def test_samples_regenerate_their_initial_noise_from_seed_and_id():
     config = train_config("sd3")
-    adapter = build_adapter(config.model, config.sampling)
+    adapter = build_family(config.model, config.sampling)
     a = adapter.initial_noise(["prompt:0:sample:0", "prompt:0:sample:1"], 7, (4, 8, 8))
     b = adapter.initial_noise(["prompt:0:sample:1"], 7, (4, 8, 8))
     assert torch.equal(a[1], b[0]) and not torch.equal(a[0], a[1])
@@ -86,22 +86,22 @@ def test_samples_regenerate_their_initial_noise_from_seed_and_id():
 def test_text_embedding_cache_serves_the_same_conditioning_without_the_text_encoders(family, tmp_path):
     config = train_config(family)
     prompts = ["a red cube", "a red cube", "a blue ball"]  # siblings repeat a prompt: encoded once
-    plain = build_adapter(config.model, config.sampling).encode(prompts)
+    plain = build_family(config.model, config.sampling).encode(prompts)
     cached_model = config.model.model_copy(update={"text_embedding_cache": str(tmp_path / "cache")})
-    first = build_adapter(cached_model, config.sampling)
+    first = build_family(cached_model, config.sampling)
     assert first.encode(prompts).keys() == plain.keys()
-    assert first.text_cache_misses == 3  # two prompts and the negative prompt
-    second = build_adapter(cached_model, config.sampling)
-    second.encode_texts = None  # a hit must never reach the text encoders
+    assert first.texts.misses == 3  # two prompts and the negative prompt
+    second = build_family(cached_model, config.sampling)
+    second.texts.encode = None  # a hit must never reach the text encoders
     served = second.encode(prompts)
-    assert second.text_cache_hits == 3 and second.text_cache_misses == 0
+    assert second.texts.hits == 3 and second.texts.misses == 0
     for key, value in plain.items():
         assert served[key].shape == value.shape and torch.allclose(served[key], value, atol=1e-5), key
-    from unirl_core.models.tiny import write_tiny_model
+    from unirl_core.models.registry import write_tiny_model
 
     other_weights = write_tiny_model(tmp_path / "other", family, seed=1)
-    other = build_adapter(cached_model.model_copy(update={"path": str(other_weights)}), config.sampling)
-    assert other.text_cache.folder != first.text_cache.folder  # other text encoders never read these entries
+    other = build_family(cached_model.model_copy(update={"path": str(other_weights)}), config.sampling)
+    assert other.texts.cache.folder != first.texts.cache.folder  # other text encoders never read these entries
 
 
 def _condition_examples(tmp_path, colours):
@@ -124,7 +124,7 @@ def test_condition_images_start_image_to_image_and_train(family, tmp_path):
     config = train_config(family)
     config = config.model_copy(update={"sampling": config.sampling.model_copy(update={"num_inference_steps": 4})})
     config.sampling.condition_strength = 0.5
-    adapter = build_adapter(config.model, config.sampling)
+    adapter = build_family(config.model, config.sampling)
     samples = expand_groups(_condition_examples(tmp_path, ["red", "navy"]), 2)
     rollout = run_rollout(adapter, samples, config.sampling, config.algorithm, seed=0)
     assert start_step(4, 0.5) == 2 and rollout.steps == [2, 3]  # only the last half of the steps runs
@@ -155,7 +155,7 @@ def test_condition_images_are_loaded_like_downloads(tmp_path):
         16,
     )
     config = train_config("sd3")
-    adapter = build_adapter(config.model, config.sampling)
+    adapter = build_family(config.model, config.sampling)
     mixed = [*_condition_examples(tmp_path, ["red"]), PromptExample("a plain prompt", "plain", {}, ())]
     with pytest.raises(ValueError, match="mixes prompts with and without condition images"):
         run_rollout(adapter, expand_groups(mixed, 2), config.sampling, config.algorithm, seed=0)

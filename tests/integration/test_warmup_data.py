@@ -10,7 +10,9 @@ import pytest
 import torch
 from warmup_cache import CAPTIONS, make_warmup_cache
 
-from unirl_core.models.adapters import SD3Adapter, SD15Adapter
+from unirl_core.models.families.sd3 import SD3Family
+from unirl_core.models.families.sd15 import SD15Family
+from unirl_core.models.registry import resolve_model_path
 from unirl_core.train.warmup import WarmupData, split_batch
 
 pytestmark = pytest.mark.slow
@@ -24,7 +26,7 @@ def cache(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def sd3():
-    return SD3Adapter("tiny:sd3", guidance_scale=1.0)
+    return SD3Family(resolve_model_path("tiny:sd3"), guidance_scale=1.0)
 
 
 def warmup(config, batch_size=4, **kwargs) -> WarmupData:
@@ -110,7 +112,7 @@ def learns(adapter, latents, cond, steps=15) -> tuple[float, float]:
 def test_sd3_denoising_loss_learns_on_a_warmup_batch(cache):
     config, _ = cache
     batch = warmup(config).next_batch()
-    adapter = SD3Adapter("tiny:sd3", guidance_scale=1.0)  # full fine-tuning: its own copy
+    adapter = SD3Family(resolve_model_path("tiny:sd3"), guidance_scale=1.0)  # full fine-tuning: its own copy
     first = adapter.denoising_loss(batch["latents"], batch["cond"], torch.Generator().manual_seed(1))
     again = adapter.denoising_loss(batch["latents"], batch["cond"], torch.Generator().manual_seed(1))
     assert first.ndim == 0 and first.dtype == torch.float32 and torch.equal(first, again)
@@ -119,7 +121,7 @@ def test_sd3_denoising_loss_learns_on_a_warmup_batch(cache):
 
 
 def test_sd15_denoising_loss_learns():
-    adapter = SD15Adapter("tiny:sd15", guidance_scale=1.0)
+    adapter = SD15Family(resolve_model_path("tiny:sd15"), guidance_scale=1.0)
     latents = adapter.encode_images([cases.procedural(32, 32, seed=s) for s in range(4)])
     cond = adapter.encode_texts(CAPTIONS[:4])
     before, after = learns(adapter, latents, cond)
@@ -149,7 +151,7 @@ def test_micro_batches_and_batch_splits_give_the_same_warmup_step(cache):
 
     def fresh(micro):
         torch.manual_seed(0)
-        adapter = SD3Adapter("tiny:sd3", guidance_scale=1.0)
+        adapter = SD3Family(resolve_model_path("tiny:sd3"), guidance_scale=1.0)
         return adapter, WarmupStack(adapter, WarmupConfig(micro_batch_size=micro), max_grad_norm=1e9)
 
     def grads(adapter):

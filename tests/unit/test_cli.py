@@ -109,7 +109,7 @@ def test_prompts_show_fails_cleanly_on_bad_input(seed_files, tmp_path):
 
 def test_tiny_models_refuses_unknown_family_and_non_empty_folder(tmp_path):
     result = run("tiny-models", str(tmp_path / "m"), "--family", "sdxl")
-    assert result.exit_code == 2 and "--family 'sdxl' is not one of sd3, sd15" in result.stderr
+    assert result.exit_code == 2 and "model family 'sdxl' is unknown: choose one of sd15, sd3" in result.stderr
     (tmp_path / "full").mkdir()
     (tmp_path / "full" / "x").write_text("keep me")
     result = run("tiny-models", str(tmp_path / "full"))

@@ -114,8 +114,9 @@ class LoraConfig(StrictModel):
 class ModelConfig(StrictModel):
     """The generator being trained."""
 
-    family: Literal["sd3", "sd15"] = "sd3"
-    """Model family (the adapter): `sd3` (flow matching, SDE sampler) or `sd15` (UNet + DDIM, eta sampler)."""
+    family: str = "sd3"
+    """Model family (`unirl_core/models/families/`): `sd3` (flow matching, SDE sampler), `sd15` (UNet + DDIM, eta
+    sampler), or your own `Family` subclass as `package.module:ClassName`. Checked when training starts."""
 
     path: str = "tiny:sd3"
     """A diffusers pipeline folder or hub id; `tiny:<family>` builds the tiny test model in the workspace."""

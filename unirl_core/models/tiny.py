@@ -12,11 +12,6 @@ token, so any text encodes without unknown tokens) and ByT5's tokenizer (no file
 
 from __future__ import annotations
 
-from pathlib import Path
-
-import torch
-
-FAMILIES = ("sd3", "sd15")
 CLIP_MAX_LENGTH = 77
 CLIP_HIDDEN = 32
 T5_HIDDEN = 2 * CLIP_HIDDEN  # SD3 pads the concatenated CLIP embeddings (2 x 32) up to the T5 width
@@ -157,24 +152,3 @@ def build_sd15():
         feature_extractor=None,
         requires_safety_checker=False,
     )
-
-
-BUILDERS = {"sd3": build_sd3, "sd15": build_sd15}
-
-
-def build_tiny_pipeline(family: str, seed: int = 0):
-    """The tiny pipeline of `family`, its weights drawn from `seed` (same seed, same weights)."""
-    if family not in BUILDERS:
-        raise ValueError(f"unknown model family {family!r}; choose one of {', '.join(FAMILIES)}")
-    with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(seed)
-        return BUILDERS[family]()
-
-
-def write_tiny_model(out_dir: str | Path, family: str, seed: int = 0) -> Path:
-    """Write a complete diffusers pipeline folder that `DiffusionPipeline.from_pretrained(out_dir)` loads."""
-    out = Path(out_dir)
-    if out.exists() and (not out.is_dir() or any(out.iterdir())):
-        raise FileExistsError(f"{out} exists and is not an empty folder; choose a new folder or remove it")
-    build_tiny_pipeline(family, seed).save_pretrained(out, safe_serialization=True)
-    return out

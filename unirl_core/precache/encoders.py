@@ -8,7 +8,7 @@ Built-ins load real pretrained folders or hub ids with `from_pretrained` (tiny f
 | AutoencoderKLEncoder  | images [B,3,H,W] in [-1,1] | latent distribution parameters [B,2C,h,w] (NeMo), or mean/sample |
 | CLIPTextEncoder       | list of B strings          | (last hidden state [B,T,D], attention mask [B,T])                |
 | T5TextEncoder         | list of B strings          | (last hidden state [B,T,D], attention mask [B,T])                |
-| PipelinePromptEncoder | list of B strings          | a family adapter's conditioning, packed: [B,T,D] or [B,T+1,D]    |
+| PipelinePromptEncoder | list of B strings          | a model family's conditioning, packed: [B,T,D] or [B,T+1,D]      |
 
 `pretrained` may also be `tiny:<family>` (the test models, see `unirl_core.models.tiny`).
 `encoder_identity` fingerprints the class, its kwargs and its weights: a cache built with other weights is refused.
@@ -24,11 +24,7 @@ from typing import Any
 
 import torch
 
-
-def _resolve(pretrained: str) -> str:
-    from unirl_core.models.adapters import resolve_model_path
-
-    return resolve_model_path(pretrained)
+from unirl_core.models.registry import resolve_model_path
 
 
 class AutoencoderKLEncoder(torch.nn.Module):
@@ -41,7 +37,7 @@ class AutoencoderKLEncoder(torch.nn.Module):
 
         if latent not in ("parameters", "mean", "sample"):
             raise ValueError(f"latent={latent!r}: choose parameters, mean or sample")
-        self.vae = AutoencoderKL.from_pretrained(_resolve(pretrained), subfolder=subfolder)
+        self.vae = AutoencoderKL.from_pretrained(resolve_model_path(pretrained), subfolder=subfolder)
         self.latent, self.seed = latent, seed
 
     def encode(self, images: torch.Tensor) -> torch.Tensor:
@@ -67,7 +63,7 @@ class _HFTextEncoder(torch.nn.Module):
         super().__init__()
         import transformers
 
-        pretrained = _resolve(pretrained)
+        pretrained = resolve_model_path(pretrained)
         self.tokenizer = transformers.AutoTokenizer.from_pretrained(pretrained, subfolder=tokenizer_subfolder)
         model_class = getattr(transformers, self.model_class)
         self.model = model_class.from_pretrained(pretrained, subfolder=subfolder)
@@ -99,73 +95,26 @@ class T5TextEncoder(_HFTextEncoder):
 
 
 class PipelinePromptEncoder(torch.nn.Module):
-    """The prompt conditioning of a model family, computed by that family's adapter (`encode_texts`) on the
-    pipeline's own tokenizers and text encoders, so precached conditioning equals what RL rollouts compute.
-
-    The precache writer stores one tensor per encoding, so the conditioning is packed into one [B, T', D]:
-
-    | family | adapter conditioning                      | stored                                          |
-    |--------|-------------------------------------------|-------------------------------------------------|
-    | sd15   | embeds [B,T,D]                            | embeds [B,T,D]                                  |
-    | sd3    | embeds [B,T,D], pooled [B,P] (P <= D)     | [B,T+1,D]: embeds, then pooled zero-padded to D |
-
-    `unpack_prompt_encoding` undoes it. Keep `store_pad_tokens: true` (SD conditioning is padded to a fixed
-    length) and `precision: 32` for conditioning equal to float32 rollouts.
+    """The prompt conditioning of a model family, computed by that family (`encode_texts`) on the pipeline's own
+    tokenizers and text encoders (loaded without the denoiser and the VAE), so precached conditioning equals what RL
+    rollouts compute. The precache writer stores one tensor per encoding, so the conditioning is packed into one
+    [B, T', D] by the family (`pack_conditioning`; sd15: the embeds, sd3: the embeds then the pooled row padded to
+    D) and unpacked by `Family.unpack_conditioning`. Keep `store_pad_tokens: true` (SD conditioning is padded to a
+    fixed length) and `precision: 32` for conditioning equal to float32 rollouts.
     """
 
     def __init__(self, pretrained: str, family: str):
         super().__init__()
-        import diffusers
+        from unirl_core.models.registry import family_class
 
-        from unirl_core.models.adapters import FAMILIES
-
-        if family not in PROMPT_FAMILIES:
-            raise ValueError(f"family={family!r}: choose one of {', '.join(PROMPT_FAMILIES)}")
-        skipped = {name: None for name in PROMPT_FAMILIES[family]}  # the denoiser and the VAE are not needed
-        pipeline_class = getattr(diffusers, FAMILIES[family].pipeline_class)
-        self.pipeline = pipeline_class.from_pretrained(_resolve(pretrained), **skipped)
-        self.pipeline.set_progress_bar_config(disable=True)
+        self.family = family_class(family)(resolve_model_path(pretrained), text_only=True)
         self.text_encoders = torch.nn.ModuleDict(
-            {k: m for k, m in self.pipeline.components.items() if k.startswith("text_encoder") and m is not None}
+            {k: m for k, m in self.family.pipeline.components.items() if k.startswith("text_encoder") and m is not None}
         )  # registered, so `.to()`, eval mode and the identity fingerprint cover them (the pipeline shares them)
-        self.adapter_class, self.family = FAMILIES[family], family
-
-    @property
-    def device(self) -> torch.device:
-        return next(self.parameters()).device
 
     def encode(self, texts: list[str]) -> torch.Tensor:
-        # the adapter's own method on this text-only pipeline: it only reads `.pipeline` and `.device`
-        cond = self.adapter_class.encode_texts(self, list(texts))
-        if self.family == "sd15":
-            return cond["embeds"]
-        embeds, pooled = cond["embeds"], cond["pooled"]
-        if pooled.shape[-1] > embeds.shape[-1]:
-            raise ValueError(
-                f"pooled width {pooled.shape[-1]} > embedding width {embeds.shape[-1]}: cannot pack into one row"
-            )
-        row = torch.nn.functional.pad(pooled, (0, embeds.shape[-1] - pooled.shape[-1]))
-        return torch.cat([embeds, row[:, None, :].to(embeds.dtype)], dim=1)
-
-
-PROMPT_FAMILIES = {"sd3": ("transformer", "vae"), "sd15": ("unet", "vae", "safety_checker", "feature_extractor")}
-
-
-def pooled_width(pretrained: str) -> int:
-    """SD3's pooled width P: the two CLIP projections, concatenated (read from the text encoders' configs)."""
-    from transformers import AutoConfig
-
-    path = _resolve(pretrained)
-    return sum(AutoConfig.from_pretrained(path, subfolder=s).projection_dim for s in ("text_encoder", "text_encoder_2"))
-
-
-def unpack_prompt_encoding(packed: torch.Tensor, family: str, pooled_dim: int | None = None) -> dict[str, torch.Tensor]:
-    """A `PipelinePromptEncoder` encoding ([T',D] or [B,T',D]) -> the adapter's conditioning {"embeds"[, "pooled"]}.
-    sd3 needs `pooled_dim` (`pooled_width(pretrained)`)."""
-    if family == "sd15":
-        return {"embeds": packed}
-    assert family == "sd3" and pooled_dim is not None, (family, pooled_dim)
-    return {"embeds": packed[..., :-1, :], "pooled": packed[..., -1, :pooled_dim]}
+        self.family.device = next(self.parameters()).device  # moved by `.to()` after loading
+        return self.family.pack_conditioning(self.family.encode_texts(list(texts)))
 
 
 _BUILD_LOCK = threading.Lock()  # from_pretrained patches torch globals while loading (meta-device init): one at a time

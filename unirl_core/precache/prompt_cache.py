@@ -1,4 +1,4 @@
-"""A content-addressed text-embedding cache for prompt files.
+"""Precache encoders behind the text-embedding cache (`unirl_core.models.text_cache`) for prompt files.
 
 Prompt files never carry embeddings (the seed's rule); instead `unirl precache prompts FILE --recipe R` computes
 each prompt's embeddings once per text encoder, stored under (encoder identity, prompt text):
@@ -12,48 +12,14 @@ never serve embeddings of another encoder.
 
 from __future__ import annotations
 
-import hashlib
-import json
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 import torch
-from safetensors.torch import load as safetensors_load
-from safetensors.torch import save as safetensors_save
 
 from unirl_core.config.precache import EncodingSpec
-from unirl_core.io import storage
+from unirl_core.models.text_cache import PromptEmbeddingCache, prompt_digest
 from unirl_core.precache.encoders import build_encoder, encoder_identity, run_encoder
-
-
-def prompt_digest(prompt: str) -> str:
-    return hashlib.sha256(prompt.encode("utf-8")).hexdigest()
-
-
-class PromptEmbeddingCache:
-    """Embeddings of one text encoder, by prompt text. Thread-safe for readers; writes are atomic."""
-
-    def __init__(self, root: str, identity: dict):
-        self.identity = identity
-        self.digest = hashlib.sha256(json.dumps(identity, sort_keys=True).encode()).hexdigest()[:16]
-        self.folder = f"{root.rstrip('/')}/{self.digest}"
-
-    def path(self, prompt: str) -> str:
-        digest = prompt_digest(prompt)
-        return f"{self.folder}/{digest[:2]}/{digest}.safetensors"
-
-    def get(self, prompt: str) -> dict[str, torch.Tensor] | None:
-        path = self.path(prompt)
-        return safetensors_load(storage.read_bytes(path)) if storage.exists(path) else None
-
-    def put(self, prompt: str, tensors: dict[str, torch.Tensor]) -> None:
-        if not storage.exists(f"{self.folder}/identity.json"):
-            storage.write_bytes_atomic(
-                f"{self.folder}/identity.json", json.dumps(self.identity, indent=1, sort_keys=True).encode()
-            )
-        data = safetensors_save(
-            {k: v.contiguous() for k, v in tensors.items()}, metadata={"prompt_sha256": prompt_digest(prompt)}
-        )
-        storage.write_bytes_atomic(self.path(prompt), data)
 
 
 class CachedTextEncoder:
@@ -98,3 +64,46 @@ class CachedTextEncoder:
                     entry["mask"] = mask[i].to("cpu", torch.int64)
                 results.append(entry)
         return results
+
+
+__all__ = ["CachedTextEncoder", "PromptEmbeddingCache", "prompt_digest"]
+
+
+@dataclass(frozen=True)
+class CacheFill:
+    """What filling one cache did: `label` names the encoding or the model, `texts` distinct texts seen."""
+
+    label: str
+    texts: int
+    hits: int
+    misses: int
+    folder: str
+
+
+def fill_prompt_caches(
+    precache, train, prompts: list[str], root: str, model_root: str, batch_size: int = 32
+) -> list[CacheFill]:
+    """Fill the text-embedding caches for `prompts`: under `root`, each text encoding of the `precache` section
+    (its own batch size, device and dtype); under `model_root`, the `train` section's model conditioning (what
+    `train.model.text_embedding_cache` reads, the negative prompt included). Either section may be None."""
+    fills = []
+    for spec in [e for e in precache.encodings if e.modality == "text"] if precache else []:
+        from unirl_core.models.dtypes import DTYPES
+        from unirl_core.precache.run import resolve_device
+
+        cached = CachedTextEncoder(spec, root, resolve_device(precache.device), DTYPES[precache.dtype])
+        for start in range(0, len(prompts), precache.batch_size_per_GPU):
+            cached.embed(prompts[start : start + precache.batch_size_per_GPU])
+        fills.append(CacheFill(spec.key, len(prompts), cached.hits, cached.misses, cached.cache.folder))
+    if train is not None:
+        from unirl_core.models.registry import build_family
+
+        family = build_family(
+            train.model.model_copy(update={"lora": None, "text_embedding_cache": model_root}), train.sampling
+        )
+        texts = list(dict.fromkeys([*prompts, train.sampling.negative_prompt]))
+        for start in range(0, len(texts), batch_size):
+            family.texts(texts[start : start + batch_size])
+        label = f"train.model ({train.model.family})"
+        fills.append(CacheFill(label, len(texts), family.texts.hits, family.texts.misses, family.texts.cache.folder))
+    return fills

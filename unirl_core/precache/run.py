@@ -30,12 +30,12 @@ from torch.utils.data import DataLoader
 from unirl_core.config.precache import EncodingSpec, PrecacheConfig
 from unirl_core.io import storage
 from unirl_core.io.tars import TarShardWriter
+from unirl_core.models.dtypes import DTYPES
 from unirl_core.precache.encoders import build_encoder, encoder_identity, run_encoder
 from unirl_core.precache.source import SourceSamples, output_shard_name, source_shards, task_slice
 
 logger = logging.getLogger(__name__)
 INCOMPLETE = ".INCOMPLETE"
-DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
 
 
 class PrecacheError(ValueError):

@@ -37,14 +37,14 @@ def resolve_checkpoint(path: str | Path) -> Path:
 def load_checkpoint_adapter(folder: Path):
     """The adapter of the checkpoint's recipe with the checkpoint's trained weights (CPU, one process)."""
     from unirl_core.config.schema import TrainConfig
-    from unirl_core.models.adapters import build_adapter
+    from unirl_core.models.registry import build_family
 
     config_path = folder / CONFIG_FILE
     if not config_path.is_file():
         raise CheckpointError(f"{folder}: no {CONFIG_FILE} (written by training rounds); cannot rebuild the model")
     config = TrainConfig.model_validate_json(config_path.read_text())
     model = config.model.model_copy(update={"text_embedding_cache": None})
-    adapter = build_adapter(model, config.sampling, device="cpu")
+    adapter = build_family(model, config.sampling, device="cpu")
     optimizer = torch.optim.AdamW(adapter.parameters(), lr=0.0)
     CheckpointManager(folder.parent).load(folder, adapter.trainable, optimizer, weights_only=True)
     return config, adapter
@@ -54,7 +54,7 @@ def export_checkpoint(checkpoint: str | Path, out: str | Path, merged: bool = Fa
     """Write the export of `checkpoint` to `out` (replaced atomically: a temporary folder, then rename)."""
     import shutil
 
-    from unirl_core.models.adapters import resolve_model_path
+    from unirl_core.models.registry import resolve_model_path
 
     folder = resolve_checkpoint(checkpoint)
     config, adapter = load_checkpoint_adapter(folder)
@@ -63,9 +63,9 @@ def export_checkpoint(checkpoint: str | Path, out: str | Path, merged: bool = Fa
     shutil.rmtree(staging, ignore_errors=True)
     staging.mkdir(parents=True)
     if adapter.has_lora and not merged:
-        _write_peft_adapter(adapter, staging, resolve_model_path(config.model.path))
+        adapter.export_adapter(staging, resolve_model_path(config.model.path))
     else:
-        _write_merged_pipeline(adapter, staging, resolve_model_path(config.model.path))
+        adapter.export_merged(staging, resolve_model_path(config.model.path))
     record = json.loads((folder / STATE_FILE).read_text())
     provenance = {"checkpoint": str(folder), "step": record["step"], "merged": merged or not adapter.has_lora}
     (staging / "unirl_export.json").write_text(json.dumps(provenance, indent=1))
@@ -73,37 +73,3 @@ def export_checkpoint(checkpoint: str | Path, out: str | Path, merged: bool = Fa
     shutil.rmtree(out, ignore_errors=True)
     staging.rename(out)
     return out
-
-
-def _write_peft_adapter(adapter, folder: Path, base_path: str) -> None:
-    from peft import get_peft_model_state_dict
-    from safetensors.torch import save_file
-
-    state = get_peft_model_state_dict(adapter.trainable, adapter_name="default")
-    # PeftModel's own layout: keys under base_model.model., the config with the base model's location
-    save_file({f"base_model.model.{k}": v.contiguous() for k, v in state.items()},
-              str(folder / "adapter_model.safetensors"))  # fmt: skip
-    peft_config = adapter.trainable.peft_config["default"]
-    peft_config.base_model_name_or_path = f"{base_path}/{adapter.denoiser_name}"
-    peft_config.save_pretrained(str(folder))
-
-
-def _write_merged_pipeline(adapter, folder: Path, base_path: str) -> None:
-    """The pipeline with the denoiser's LoRA merged into its base weights, saved with `save_pretrained`."""
-    from peft.tuners.tuners_utils import BaseTunerLayer
-
-    denoiser = adapter.trainable
-    merged = {}
-    if adapter.has_lora:
-        for module in denoiser.modules():
-            if isinstance(module, BaseTunerLayer):
-                module.merge()
-        for key, value in denoiser.state_dict().items():
-            if "lora_" in key:
-                continue
-            merged[key.replace(".base_layer.", ".")] = value
-    else:
-        merged = denoiser.state_dict()
-    base = type(adapter)(base_path, dtype=str(adapter.dtype).removeprefix("torch."), lora=None)
-    getattr(base.pipeline, adapter.denoiser_name).load_state_dict(merged, strict=True)
-    base.pipeline.save_pretrained(str(folder))

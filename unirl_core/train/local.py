@@ -15,7 +15,7 @@ from unirl_core.algorithms.advantages import PerPromptStatTracker, group_advanta
 from unirl_core.config.schema import TrainConfig
 from unirl_core.data.groups import expand_groups
 from unirl_core.data.sources import build_source
-from unirl_core.models.adapters import build_adapter
+from unirl_core.models.registry import build_family
 from unirl_core.rewards.service import RewardService
 from unirl_core.rollout.rollout import run_rollout
 from unirl_core.train.stack import TrainStack
@@ -73,7 +73,7 @@ def iter_local(
     finding a committed checkpoint there resumes after it: the steps that follow equal an uninterrupted run's."""
     torch.manual_seed(config.sampling.seed)
     source = build_source(config.data)
-    adapter = build_adapter(config.model, config.sampling, device=device)
+    adapter = build_family(config.model, config.sampling, device=device)
     rewards = RewardService.from_config(config.reward, device=device)
     total = steps or config.steps
     stack = TrainStack(adapter, config.algorithm, total_updates=total * config.algorithm.num_updates_per_batch)

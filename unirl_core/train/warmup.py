@@ -15,7 +15,7 @@ partial batch is dropped (as `unirl_core.data.sources.PromptListSource`).
 
 Latents are the posterior mean (deterministic: the same sample gives the same x0 every epoch; a cache built with
 `latent: sample` gives its one stored draw instead, with a warning), shifted and scaled like
-`adapter.encode_images`; conditioning is a `PipelinePromptEncoder` encoding, unpacked into the family adapter's
+`adapter.encode_images`; conditioning is a `PipelinePromptEncoder` encoding, unpacked into the family's
 `encode_texts` dict (float32 here; the adapter casts to its dtype).
 """
 
@@ -24,6 +24,7 @@ from __future__ import annotations
 import hashlib
 import logging
 from collections.abc import Mapping
+from functools import partial
 from typing import Any
 
 import numpy as np
@@ -31,7 +32,7 @@ import torch
 
 from unirl_core.config.precache import PrecacheConfig
 from unirl_core.data.resume import EpochCursor
-from unirl_core.precache.encoders import pooled_width, unpack_prompt_encoding
+from unirl_core.models.registry import family_class, resolve_model_path
 from unirl_core.precache.read import encoding_spans, read_encodings, read_sample
 
 PROMPT_ENCODER = "unirl_core.precache.encoders.PipelinePromptEncoder"
@@ -137,7 +138,8 @@ class WarmupData(EpochCursor):
         rows.sort(key=lambda row: row[0])
         self._keys = [r[0] for r in rows]
         self._where = [(r[1], r[2]) for r in rows]
-        self._pooled_dim = pooled_width(self.text_config["pretrained"]) if self.family == "sd3" else None
+        self._unpack = partial(family_class(self.family).unpack_conditioning,
+                               path=resolve_model_path(self.text_config["pretrained"]))  # fmt: skip
         self._order = self._epoch_order(self.epoch)
 
     def _read(self, index: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -168,7 +170,7 @@ class WarmupData(EpochCursor):
         self.batch_in_epoch += 1
         index = self._order[start : start + self.batch_size].tolist()
         latents, packed = zip(*(self._read(i) for i in index), strict=True)
-        cond = unpack_prompt_encoding(torch.stack(packed).float(), self.family, self._pooled_dim)
+        cond = self._unpack(torch.stack(packed).float())
         return {"keys": [self._keys[i] for i in index], "latents": torch.stack(latents), "cond": cond}
 
     def _settings(self) -> dict[str, Any]:
@@ -191,8 +193,6 @@ class WarmupData(EpochCursor):
 def _vae_config(encoder_config: dict[str, Any]) -> Mapping:
     """The config (scaling_factor, shift_factor) of the VAE an `AutoencoderKLEncoder` encoding was made with."""
     from diffusers import AutoencoderKL
-
-    from unirl_core.models.adapters import resolve_model_path
 
     subfolder = encoder_config.get("subfolder", "vae")  # AutoencoderKLEncoder's default
     return AutoencoderKL.load_config(resolve_model_path(encoder_config["pretrained"]), subfolder=subfolder)

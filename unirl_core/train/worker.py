@@ -24,7 +24,7 @@ class TrainWorker(TorchWorker):
         from unirl_core.models.logs import quiet_model_libraries
 
         quiet_model_libraries()
-        from unirl_core.models.adapters import build_adapter
+        from unirl_core.models.registry import build_family
         from unirl_core.train.ema import EMA
         from unirl_core.train.fsdp import local_fraction, parallelize
 
@@ -35,7 +35,7 @@ class TrainWorker(TorchWorker):
         if self.device.type == "cuda":
             torch.cuda.set_device(self.device)
         torch.manual_seed(config.sampling.seed)  # identical initial (LoRA) weights on every rank before sharding
-        self.adapter = build_adapter(config.model, config.sampling, device=str(self.device))
+        self.adapter = build_family(config.model, config.sampling, device=str(self.device))
         parallelize(self.adapter.trainable, self.adapter.blocks(), self.device, config.fsdp)
         if stage == "rl":
             from unirl_core.rewards.service import RewardService

@@ -1,0 +1,264 @@
+"""The model-family contract: everything family-specific behind one typed interface, so one rollout loop, one train
+stack, one warm-up, one precache and one export serve every family (Flow-GRPO copies a trainer per model; we do
+not). An instance is the model the loop drives (it is called `adapter` there).
+
+| concern              | members                                                                                   |
+|----------------------|-------------------------------------------------------------------------------------------|
+| loading              | `__init__(path, ...)` a diffusers folder; `build_tiny(seed)` the tiny test model          |
+| trained module, LoRA | `trainable`, `parameters()`, `blocks()` (FSDP units), `reference()` (adapter disabled)    |
+| text conditioning    | `encode_texts(texts)`, `encode(prompts)` (CFG halves), `text_identity()` (cache key),     |
+|                      | `pack_conditioning` / `unpack_conditioning` (the precache form: one tensor per prompt)    |
+| latents              | `latent_shape(h, w)`, `latent_stride`, `initial_noise(ids, seed, shape)`                  |
+| scheduler, sampler   | `schedule(n)`, `transition(x, i, eta, cond, schedule, ...)`, `noised(x0, noise, i, ...)`  |
+| VAE                  | `decode(latents)`, `encode_images(images)`                                                |
+| CFG                  | `cfg`, `select(cond, index)`, `guided(output)`                                            |
+| warm-up target       | `denoising_loss(x0, cond, generators)`                                                    |
+| export               | `export_adapter(folder, base_path)` (peft), `export_merged(folder, base_path)` (pipeline) |
+
+Adding a family is one file in `models/families/` (a `Family` subclass decorated with `@register`, see
+`models/registry.py`) plus its registry line; nothing in the loop changes. The generic parts below assume a diffusers
+pipeline with a VAE (`vae`, `image_processor`, `vae_scale_factor`); a family that differs overrides them.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+from abc import ABC, abstractmethod
+from pathlib import Path
+from typing import ClassVar
+
+import torch
+
+from unirl_core.models.dtypes import DTYPES
+from unirl_core.models.text_cache import CachedConditioning, Conditioning, PromptEmbeddingCache
+from unirl_core.rollout.noise import Generators, sample_seed
+from unirl_core.rollout.samplers import StepResult
+
+
+class Family(ABC):
+    name: ClassVar[str]  # the recipe's `train.model.family`
+    pipeline_class: ClassVar[str]  # the diffusers pipeline class that loads the folder
+    denoiser_name: ClassVar[str]  # the pipeline component that is trained
+    latent_stride: ClassVar[int]  # pixels per latent token (VAE stride x patch size): image sizes are multiples
+    text_only_skip: ClassVar[tuple[str, ...]]  # components not loaded for text conditioning alone (precache)
+
+    def __init__(
+        self,
+        path: str,
+        device: str = "cpu",
+        dtype: str = "float32",
+        lora=None,
+        guidance_scale: float = 4.5,
+        negative_prompt: str = "",
+        text_only: bool = False,
+    ):
+        """Load the pipeline folder `path` (already resolved: see `registry.resolve_model_path`), freeze it, add
+        the LoRA adapter (or unfreeze the denoiser for full fine-tuning). `text_only`: the text encoders alone."""
+        import diffusers
+
+        skipped = {name: None for name in self.text_only_skip} if text_only else {}
+        pipeline = getattr(diffusers, self.pipeline_class).from_pretrained(path, dtype=DTYPES[dtype], **skipped)
+        self.pipeline = pipeline.to(device)
+        self.pipeline.set_progress_bar_config(disable=True)
+        self.device, self.dtype = torch.device(device), DTYPES[dtype]
+        self.guidance_scale, self.negative_prompt = guidance_scale, negative_prompt
+        self.texts = CachedConditioning(self.encode_texts)
+        for module in pipeline.components.values():
+            if isinstance(module, torch.nn.Module):
+                module.requires_grad_(False)
+        self.has_lora = lora is not None
+        if text_only:
+            return
+        self.trainable = getattr(pipeline, self.denoiser_name)
+        if lora is not None:
+            from peft import LoraConfig
+
+            config = LoraConfig(
+                r=lora.rank, lora_alpha=lora.alpha, target_modules=list(lora.target_modules),
+                init_lora_weights="gaussian",
+            )  # fmt: skip
+            self.trainable.add_adapter(config)
+        else:
+            self.trainable.requires_grad_(True)
+
+    # --- loading ------------------------------------------------------------------------------------------------
+
+    @classmethod
+    @abstractmethod
+    def build_tiny(cls):
+        """The tiny test pipeline (real classes, shrunk sizes, random weights from torch's current seed)."""
+
+    # --- the trained module -------------------------------------------------------------------------------------
+
+    @abstractmethod
+    def blocks(self) -> list[torch.nn.Module]:
+        """The trained module's repeated blocks: the units FSDP shards (and checkpoints activations of)."""
+
+    def parameters(self) -> list[torch.nn.Parameter]:
+        return [p for p in self.trainable.parameters() if p.requires_grad]
+
+    @contextlib.contextmanager
+    def reference(self):
+        """The reference policy: the adapter disabled (LoRA). Full fine-tuning keeps no frozen copy here."""
+        if not self.has_lora:
+            raise ValueError("a KL term (beta > 0) with full fine-tuning needs a frozen reference copy: use LoRA")
+        self.trainable.disable_adapters()
+        try:
+            yield
+        finally:
+            self.trainable.enable_adapters()
+
+    # --- text conditioning --------------------------------------------------------------------------------------
+
+    @abstractmethod
+    def encode_texts(self, texts: list[str]) -> Conditioning:
+        """Conditioning of a batch of texts without CFG: {name: [B, ...]}."""
+
+    def text_identity(self) -> dict:
+        """What the conditioning depends on (the text-embedding cache key): the family, a fingerprint of every
+        text encoder's weights, the dtype."""
+        digest = hashlib.sha256()
+        for name, module in sorted(self.pipeline.components.items()):
+            if name.startswith("text_encoder") and isinstance(module, torch.nn.Module):
+                for key, tensor in sorted(module.state_dict().items()):
+                    digest.update(f"{name}.{key}".encode())
+                    digest.update(tensor.detach().cpu().contiguous().view(torch.uint8).numpy().tobytes())
+        return {"family": self.name, "text_encoders": digest.hexdigest()[:16], "dtype": str(self.dtype)}
+
+    def attach_text_cache(self, root: str) -> None:
+        """Read prompt conditioning through the text-embedding cache at `root` (misses are computed and written)."""
+        self.texts = CachedConditioning(self.encode_texts, PromptEmbeddingCache(root, self.text_identity()))
+
+    def encode(self, prompts: list[str]) -> Conditioning:
+        """Conditioning of a batch (with the negative prompt's first, as [negative, positive], when CFG is on).
+        Each distinct text is encoded once."""
+        texts = [*prompts, self.negative_prompt] if self.cfg else list(prompts)
+        table = self.texts(texts)
+        positive = {k: torch.stack([table[p][k] for p in prompts]) for k in table[prompts[0]]}
+        if self.cfg:
+            negative = table[self.negative_prompt]
+            positive = {k: torch.cat([negative[k].expand_as(v), v]) for k, v in positive.items()}
+        return {k: v.to(self.device) for k, v in positive.items()}
+
+    def pack_conditioning(self, cond: Conditioning) -> torch.Tensor:
+        """The precache form: one tensor [B, T, D] per batch (the precache writer stores one per encoding).
+        Default: a family whose conditioning is `embeds` alone."""
+        (tensor,) = cond.values()
+        return tensor
+
+    @classmethod
+    def unpack_conditioning(cls, packed: torch.Tensor, path: str) -> Conditioning:
+        """`pack_conditioning`'s inverse ([T, D] or [B, T, D]); `path`: the (resolved) pipeline folder."""
+        return {"embeds": packed}
+
+    # --- latents ------------------------------------------------------------------------------------------------
+
+    def latent_shape(self, height: int, width: int) -> tuple[int, int, int]:
+        factor = self.pipeline.vae_scale_factor
+        return self.trainable.config.in_channels, height // factor, width // factor
+
+    def initial_noise(self, sample_ids: list[str], seed: int, shape: tuple[int, ...]) -> torch.Tensor:
+        """float32 latents, bit-identical for a (seed, sample id) whatever the batch."""
+        noises = [torch.randn(shape, generator=torch.Generator().manual_seed(sample_seed(seed, s))) for s in sample_ids]
+        return torch.stack(noises).to(self.device)
+
+    # --- scheduler and sampler ----------------------------------------------------------------------------------
+
+    @abstractmethod
+    def schedule(self, num_steps: int) -> list:
+        """num_steps + 1 values (sigmas or timesteps) the transitions index into."""
+
+    @abstractmethod
+    def transition(self, x, index, eta, cond, schedule, prev_sample=None, generator=None) -> StepResult:
+        """Denoising step `index` from x (float32 [B, C, h, w]) with noise level `eta`; with `prev_sample`, the
+        log-prob of that stored transition. `generator`: one, or one per sample."""
+
+    @abstractmethod
+    def noised(self, clean: torch.Tensor, noise: torch.Tensor, index: int, schedule) -> torch.Tensor:
+        """x at step `index` from a clean latent (image-to-image start)."""
+
+    # --- VAE ----------------------------------------------------------------------------------------------------
+
+    @torch.no_grad()
+    def decode(self, latents: torch.Tensor, chunk: int = 8):
+        """Scaled latents -> PIL images (VAE decode in chunks)."""
+        images = []
+        vae = self.pipeline.vae
+        for start in range(0, latents.shape[0], chunk):
+            part = latents[start : start + chunk].to(vae.dtype) / vae.config.scaling_factor
+            if getattr(vae.config, "shift_factor", None) is not None:
+                part = part + vae.config.shift_factor
+            decoded = vae.decode(part).sample
+            images += self.pipeline.image_processor.postprocess(decoded, output_type="pil")
+        return images
+
+    @torch.no_grad()
+    def encode_images(self, images) -> torch.Tensor:
+        """PIL images -> scaled VAE latents (the posterior mean), float32: the inverse of `decode`."""
+        vae = self.pipeline.vae
+        pixels = self.pipeline.image_processor.preprocess(images).to(self.device, vae.dtype)
+        latents = vae.encode(pixels).latent_dist.mean.float()
+        if getattr(vae.config, "shift_factor", None) is not None:
+            latents = latents - vae.config.shift_factor
+        return latents * vae.config.scaling_factor
+
+    # --- classifier-free guidance -------------------------------------------------------------------------------
+
+    @property
+    def cfg(self) -> bool:
+        return self.guidance_scale > 1.0
+
+    def select(self, cond: Conditioning, index: torch.Tensor) -> Conditioning:
+        """The conditioning of a subset of samples (both CFG halves, kept in [negative, positive] order)."""
+        if not self.cfg:
+            return {k: v[index] for k, v in cond.items()}
+        halves = {k: v.chunk(2) for k, v in cond.items()}
+        return {k: torch.cat([negative[index], positive[index]]) for k, (negative, positive) in halves.items()}
+
+    def guided(self, output: torch.Tensor) -> torch.Tensor:
+        """The denoiser's output on [negative, positive] inputs -> the guided float32 prediction."""
+        if not self.cfg:
+            return output.float()
+        uncond, cond = output.float().chunk(2)
+        return uncond + self.guidance_scale * (cond - uncond)
+
+    # --- warm-up ------------------------------------------------------------------------------------------------
+
+    @abstractmethod
+    def denoising_loss(self, clean_latents: torch.Tensor, cond: Conditioning, generator: Generators) -> torch.Tensor:
+        """The supervised (warm-up) loss on scaled clean latents [B, C, h, w] and conditioning without a negative
+        half; random draws per sample from `generator` (one, or one per sample)."""
+
+    # --- export -------------------------------------------------------------------------------------------------
+
+    def export_adapter(self, folder: Path, base_path: str) -> None:
+        """The LoRA as a peft adapter folder: `PeftModel.from_pretrained(<base denoiser>, folder)`."""
+        from peft import get_peft_model_state_dict
+        from safetensors.torch import save_file
+
+        state = get_peft_model_state_dict(self.trainable, adapter_name="default")
+        # PeftModel's own layout: keys under base_model.model., the config with the base model's location
+        save_file({f"base_model.model.{k}": v.contiguous() for k, v in state.items()},
+                  str(folder / "adapter_model.safetensors"))  # fmt: skip
+        peft_config = self.trainable.peft_config["default"]
+        peft_config.base_model_name_or_path = f"{base_path}/{self.denoiser_name}"
+        peft_config.save_pretrained(str(folder))
+
+    def export_merged(self, folder: Path, base_path: str) -> None:
+        """The whole pipeline with the LoRA merged into the denoiser's base weights (`save_pretrained`)."""
+        from peft.tuners.tuners_utils import BaseTunerLayer
+
+        merged = {}
+        if self.has_lora:
+            for module in self.trainable.modules():
+                if isinstance(module, BaseTunerLayer):
+                    module.merge()
+            for key, value in self.trainable.state_dict().items():
+                if "lora_" not in key:
+                    merged[key.replace(".base_layer.", ".")] = value
+        else:
+            merged = self.trainable.state_dict()
+        base = type(self)(base_path, dtype=str(self.dtype).removeprefix("torch."), lora=None)
+        getattr(base.pipeline, self.denoiser_name).load_state_dict(merged, strict=True)
+        base.pipeline.save_pretrained(str(folder))

@@ -1,0 +1,99 @@
+"""Model families by name: the recipe's `train.model.family` -> a `Family` subclass.
+
+    family_class("sd3")                       -> SD3Family (built-ins are imported on first use)
+    family_class("my_pkg.families:MyFamily")  -> a family in any importable module (Ray workers import it too)
+    register(MyFamily)                        -> MyFamily under MyFamily.name, in this process
+    build_family(model, sampling, device)     -> the loaded model the loop drives
+    resolve_model_path("tiny:sd3")            -> a tiny pipeline folder in the workspace (built once)
+
+Adding a family: one file in `models/families/` and its line in BUILT_IN.
+"""
+
+from __future__ import annotations
+
+import importlib
+from pathlib import Path
+
+import torch
+
+from unirl_core.models.family import Family
+
+BUILT_IN = {
+    "sd3": "unirl_core.models.families.sd3:SD3Family",
+    "sd15": "unirl_core.models.families.sd15:SD15Family",
+}
+_REGISTERED: dict[str, type[Family]] = {}
+
+
+class UnknownFamilyError(ValueError):
+    """A family name that is neither built in, registered, nor an importable `module:Class`."""
+
+
+def register(cls: type[Family]) -> type[Family]:
+    """Make `cls` available under `cls.name` in this process (usable as a class decorator)."""
+    _REGISTERED[cls.name] = cls
+    return cls
+
+
+def family_names() -> list[str]:
+    return sorted(set(BUILT_IN) | set(_REGISTERED))
+
+
+def family_class(name: str) -> type[Family]:
+    target = _REGISTERED.get(name) or BUILT_IN.get(name) or (name if ":" in name else None)
+    if target is None:
+        raise UnknownFamilyError(
+            f"model family {name!r} is unknown: choose one of {', '.join(family_names())}, or name a Family "
+            "subclass as 'package.module:ClassName'"
+        )
+    if isinstance(target, type):
+        return target
+    module, _, attribute = target.partition(":")
+    try:
+        cls = getattr(importlib.import_module(module), attribute)
+    except (ImportError, AttributeError) as exc:
+        raise UnknownFamilyError(f"model family {name!r} cannot be imported ({exc})") from None
+    if not (isinstance(cls, type) and issubclass(cls, Family)):
+        raise UnknownFamilyError(f"model family {name!r} is not a subclass of unirl_core.models.family.Family")
+    return cls
+
+
+def build_tiny_pipeline(family: str, seed: int = 0):
+    """The tiny pipeline of `family`, its weights drawn from `seed` (same seed, same weights)."""
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        return family_class(family).build_tiny()
+
+
+def write_tiny_model(out_dir: str | Path, family: str, seed: int = 0) -> Path:
+    """Write a complete diffusers pipeline folder that `DiffusionPipeline.from_pretrained(out_dir)` loads."""
+    out = Path(out_dir)
+    if out.exists() and (not out.is_dir() or any(out.iterdir())):
+        raise FileExistsError(f"{out} exists and is not an empty folder; choose a new folder or remove it")
+    build_tiny_pipeline(family, seed).save_pretrained(out, safe_serialization=True)
+    return out
+
+
+def resolve_model_path(path: str) -> str:
+    """`tiny:<family>` -> a tiny pipeline folder in the workspace (built once); anything else is used as is."""
+    if not path.startswith("tiny:"):
+        return path
+    from unirl_core.workspace import workspace
+
+    family = path.split(":", 1)[1]
+    folder = workspace().root / "models" / f"tiny-{family}-seed0"
+    if not (folder / "model_index.json").exists():
+        write_tiny_model(folder, family, seed=0)
+    return str(folder)
+
+
+def build_family(model_config, sampling_config, device: str = "cpu") -> Family:
+    """The recipe's model (`train.model`, `train.sampling`) loaded on `device`, through the text-embedding cache
+    when the recipe names one."""
+    family = family_class(model_config.family)(
+        resolve_model_path(model_config.path), device=device, dtype=model_config.dtype, lora=model_config.lora,
+        guidance_scale=sampling_config.guidance_scale, negative_prompt=sampling_config.negative_prompt,
+    )  # fmt: skip
+    if model_config.text_embedding_cache:
+        family.attach_text_cache(model_config.text_embedding_cache)
+    return family
