@@ -14,13 +14,11 @@ from tasks.retries import retry_unless
 from unirl_core.config.precache import PrecacheConfig
 from unirl_core.config.schema import TrainConfig
 from unirl_core.distributed.worker_group import WorkerLostError
-from unirl_core.train.checkpoint import CheckpointError
-from unirl_core.train.stack import NonFiniteError
-from unirl_core.trainer import RoundDeadlineError, TrainingConfigError, finalize, plan_rounds, run_round
+from unirl_core.errors import UserError
+from unirl_core.trainer import RoundDeadlineError, finalize, plan_rounds, run_round
 
-is_retryable = retry_unless(
-    TrainingConfigError, CheckpointError, NonFiniteError, transient=(WorkerLostError, RoundDeadlineError)
-)
+# TrainingConfigError, CheckpointError, NonFiniteError, RewardError ... fail at once
+is_retryable = retry_unless(UserError, transient=(WorkerLostError, RoundDeadlineError))
 
 
 def prefect_tags() -> dict[str, str]:

@@ -11,13 +11,14 @@ import fsspec
 import numpy as np
 from PIL import Image
 
+from unirl_core.errors import UserError
 from unirl_core.io import storage
 from unirl_core.io.tars import iter_samples
 
 IMAGE_EXTENSIONS = ("jpg", "jpeg", "png", "webp")
 
 
-class DatasetNotFound(ValueError):
+class DatasetNotFound(UserError, ValueError):
     pass
 
 

@@ -28,6 +28,7 @@ from safetensors.torch import save as safetensors_save
 from torch.utils.data import DataLoader
 
 from unirl_core.config.precache import EncodingSpec, PrecacheConfig
+from unirl_core.errors import UserError
 from unirl_core.io import storage
 from unirl_core.io.tars import TarShardWriter
 from unirl_core.precache.encoders import build_encoder, encoder_identity, run_encoder
@@ -38,7 +39,7 @@ INCOMPLETE = ".INCOMPLETE"
 DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
 
 
-class PrecacheError(ValueError):
+class PrecacheError(UserError, ValueError):
     """A precache that can never succeed as configured (bad encoder output, stale cache, bad config)."""
 
 
