@@ -12,13 +12,16 @@ import json
 import os
 import sys
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 from typer.core import TyperGroup
 
 from flows.cli_bagel import bagel_app
 from unirl_core.errors import UserError
+
+if TYPE_CHECKING:
+    from unirl_core.summaries import IngestSummary
 
 BAD_INPUT = 2
 
@@ -198,7 +201,7 @@ def precache(
 
     with _rich_progress("precache"):
         summary = precache_flow(config)
-    _print_table(f"precache: {summary['output']}", summary)
+    _print_table(f"precache: {summary.output}", summary.model_dump())
 
 
 TRAIN_COLUMNS = {  # metric -> (header, format)
@@ -283,19 +286,17 @@ def _train_rounds(recipe) -> None:
         summary = train_flow(config, run_name=recipe.name or "train", precache=recipe.precache)
     finally:
         remove_listener(show)
-    for entry in summary["rounds"]:
-        state = "already committed" if entry.get("skipped") else f"{entry.get('seconds', 0):.1f} s"
-        typer.echo(f"{entry['round']}: steps {entry['first_step']}-{entry['end_step'] - 1}, {state}")
+    for entry in summary.rounds:
+        state = "already committed" if entry.skipped else f"{entry.seconds or 0:.1f} s"
+        typer.echo(f"{entry.round}: steps {entry.first_step}-{entry.end_step - 1}, {state}")
     if len(rewards) >= 2:
         window = max(1, min(4, len(rewards) // 2))
         first, last = sum(rewards[:window]) / window, sum(rewards[-window:]) / window
         typer.echo(f"reward: first {window} steps {first:.4f} -> last {window} steps {last:.4f} ({last - first:+.4f})")
-    typer.echo(f"checkpoint: {summary['checkpoint']}")
-    typer.echo(f"exported: {summary['export']}")
-    typer.echo(
-        f"registered model: {summary['registered_model']} version {summary['model_version']} (alias {summary['alias']})"
-    )
-    typer.echo(f"MLflow run: {summary['mlflow_run_url'] or summary['mlflow_run_id']}")
+    typer.echo(f"checkpoint: {summary.checkpoint}")
+    typer.echo(f"exported: {summary.export}")
+    typer.echo(f"registered model: {summary.registered_model} version {summary.model_version} (alias {summary.alias})")
+    typer.echo(f"MLflow run: {summary.mlflow_run_url or summary.mlflow_run_id}")
 
 
 def _train_local(config, steps: int | None, device: str, checkpoint_every: int) -> None:
@@ -372,10 +373,10 @@ def _run_pipeline(recipe) -> None:
         validate(recipe.train, recipe.precache)  # before any Prefect or Ray work
     _quiet_model_libraries()
     _patient_prefect_startup()
-    result = pipeline(recipe)
+    summary = pipeline(recipe)
 
     typer.echo("")
-    typer.echo(report(result["stages"], result["seconds"]))
+    typer.echo(report(summary))
     if recipe.train is None:
         return
     rows = [json_lib.loads(line) for line in (Path(recipe.train.output_dir) / METRICS_FILE).read_text().splitlines()]
@@ -537,15 +538,15 @@ def _rich_progress(label: str):
     return running()
 
 
-def _print_summary(summary: dict) -> None:
+def _print_summary(summary: IngestSummary) -> None:
+    """The ingest summary (an IngestSummary) as a table; stages that did not run (None) are left out."""
     from rich.console import Console
     from rich.table import Table
 
-    table = Table(title=f"ingest: {summary['dataset']}", show_header=False)
-    for key, value in summary.items():
-        if key not in ("dataset", "skip_reasons"):
-            table.add_row(key, str(value))
-    for reason, count in summary["skip_reasons"].items():
+    table = Table(title=f"ingest: {summary.dataset}", show_header=False)
+    for key, value in summary.model_dump(exclude={"dataset", "skip_reasons"}, exclude_none=True).items():
+        table.add_row(key, str(value))
+    for reason, count in summary.skip_reasons.items():
         table.add_row(f"skipped: {reason}", str(count))
     Console().print(table)
 
