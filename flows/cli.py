@@ -257,6 +257,7 @@ def train(
 def _train_rounds(recipe) -> None:
     from flows.train import train as train_flow
     from tasks.progress import add_listener, remove_listener
+    from unirl_core.train.metrics_summary import reward_trend
     from unirl_core.trainer import plan_rounds, validate
 
     config = recipe.train
@@ -290,13 +291,18 @@ def _train_rounds(recipe) -> None:
         state = "already committed" if entry.skipped else f"{entry.seconds or 0:.1f} s"
         typer.echo(f"{entry.round}: steps {entry.first_step}-{entry.end_step - 1}, {state}")
     if len(rewards) >= 2:
-        window = max(1, min(4, len(rewards) // 2))
-        first, last = sum(rewards[:window]) / window, sum(rewards[-window:]) / window
-        typer.echo(f"reward: first {window} steps {first:.4f} -> last {window} steps {last:.4f} ({last - first:+.4f})")
+        _print_reward_trend(reward_trend(rewards))
     typer.echo(f"checkpoint: {summary.checkpoint}")
     typer.echo(f"exported: {summary.export}")
     typer.echo(f"registered model: {summary.registered_model} version {summary.model_version} (alias {summary.alias})")
     typer.echo(f"MLflow run: {summary.mlflow_run_url or summary.mlflow_run_id}")
+
+
+def _print_reward_trend(trend) -> None:
+    window = trend.window
+    typer.echo(
+        f"reward: first {window} steps {trend.first:.4f} -> last {window} steps {trend.last:.4f} ({trend.change:+.4f})"
+    )
 
 
 def _train_local(config, steps: int | None, device: str, checkpoint_every: int) -> None:
@@ -364,10 +370,9 @@ def demo(
 
 
 def _run_pipeline(recipe) -> None:
-    import json as json_lib
-
     from flows.pipeline import pipeline, report
-    from unirl_core.trainer import METRICS_FILE, validate
+    from unirl_core.train.metrics_summary import read_metrics, round_means
+    from unirl_core.trainer import METRICS_FILE, output_dir, validate
 
     if recipe.train is not None:
         validate(recipe.train, recipe.precache)  # before any Prefect or Ray work
@@ -379,19 +384,11 @@ def _run_pipeline(recipe) -> None:
     typer.echo(report(summary))
     if recipe.train is None:
         return
-    rows = [json_lib.loads(line) for line in (Path(recipe.train.output_dir) / METRICS_FILE).read_text().splitlines()]
-    last = {}
-    for row in rows:  # the last row logged for each step (re-runs after a failure log a step again)
-        last[row["step"]] = row
-    by_round: dict[tuple[str, int], list[float]] = {}
-    for row in last.values():
-        value = row.get("reward_mean") if row["stage"] == "rl" else row.get("warmup_loss")
-        by_round.setdefault((row["stage"], row["round"]), []).append(value)
     typer.echo("")
-    for (stage, index), values in sorted(by_round.items(), key=lambda item: (item[0][0] != "warmup", item[0][1])):
-        what = "mean reward" if stage == "rl" else "mean warm-up loss"
-        typer.echo(f"{stage} round {index}: {what} {sum(values) / len(values):.4f} over {len(values)} steps")
-    samples = Path(recipe.train.output_dir) / "samples"
+    for mean in round_means(read_metrics(output_dir(recipe.train) / METRICS_FILE)):
+        what = "mean reward" if mean.stage == "rl" else "mean warm-up loss"
+        typer.echo(f"{mean.stage} round {mean.index}: {what} {mean.mean:.4f} over {mean.steps} steps")
+    samples = output_dir(recipe.train) / "samples"
     typer.echo(f"\nsample grids: {samples}")
     typer.echo(f"UIs: `make serve` (Prefect and MLflow on 127.0.0.1); MLflow tracking: {_tracking_uri()}")
 
