@@ -2,7 +2,8 @@
 
 Commands that need no orchestration (validate, recipes, prompts show, tiny-models) call unirl_core directly;
 commands that run flows (prompts check) go through Prefect. Heavy imports happen inside each command, so
-`unirl --help` stays fast. Exit codes: 0 success, 2 bad input (the message says what and how to fix it).
+`unirl --help` stays fast. Exit codes: 0 success, 2 bad input (the message says what and how to fix it): any
+`UserError` a command raises becomes one `error: <message>` on stderr, in one place (`UserErrorsExit2`).
 """
 
 from __future__ import annotations
@@ -11,13 +12,35 @@ import json
 import os
 import sys
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
+from typer.core import TyperGroup
 
 from flows.cli_bagel import bagel_app
+from unirl_core.errors import UserError
+
+if TYPE_CHECKING:
+    from unirl_core.summaries import IngestSummary
+
+BAD_INPUT = 2
+
+
+class UserErrorsExit2(TyperGroup):
+    """The root command group: a `UserError` raised by any command (sub-commands included) is printed as
+    `error: <message>` on stderr, without a traceback, and the exit code is 2. It wraps the click command itself,
+    so the console script and typer's CliRunner both go through it."""
+
+    def invoke(self, ctx):
+        try:
+            return super().invoke(ctx)
+        except UserError as exc:
+            typer.echo(f"error: {exc}", err=True)
+            raise typer.Exit(code=BAD_INPUT) from None
+
 
 app = typer.Typer(
+    cls=UserErrorsExit2,
     help="unirl: ingest image-text data, precache encodings and train image generators with GRPO.",
     no_args_is_help=True,
     add_completion=False,
@@ -28,8 +51,6 @@ app.add_typer(prompts_app, name="prompts")
 shards_app = typer.Typer(help="Inspect WebDataset shards written by `unirl ingest`.", no_args_is_help=True)
 app.add_typer(shards_app, name="shards")
 app.add_typer(bagel_app, name="bagel")
-
-BAD_INPUT = 2
 
 
 def _print_version(value: bool) -> None:
@@ -63,13 +84,9 @@ def validate(
     ] = None,
 ) -> None:
     """Print the fully resolved recipe as YAML, or every error with its dotted path (exit 2)."""
-    from unirl_core.config import RecipeError, dump_resolved, load_recipe
+    from unirl_core.config import dump_resolved, load_recipe
 
-    try:
-        resolved = load_recipe(recipe, set_ or [])
-    except RecipeError as exc:
-        raise _fail(str(exc)) from None
-    typer.echo(dump_resolved(resolved), nl=False)
+    typer.echo(dump_resolved(load_recipe(recipe, set_ or [])), nl=False)
 
 
 @app.command()
@@ -104,12 +121,10 @@ def prompts_show(
 ) -> None:
     """Print the normalized prompts as JSON lines (a count goes to stderr)."""
     from unirl_core.data.groups import expand_groups
-    from unirl_core.data.prompts import PromptDataError, load_prompts
+    from unirl_core.data.prompts import load_prompts
 
     try:
         examples = load_prompts(path, prompt_key=prompt_key)
-    except PromptDataError as exc:
-        raise _fail(f"error: {exc}") from None
     except OSError as exc:  # storage: unreachable endpoint, missing credentials, ...
         raise _fail(f"error: {path}: cannot read the prompt file ({exc})") from None
     total = len(examples)
@@ -156,14 +171,9 @@ def ingest(
     config = _recipe_section(recipe, set_, "ingest")
     _patient_prefect_startup()
     from flows.ingest import ingest as ingest_flow
-    from unirl_core.ingest.download import ErrorBudgetExceeded
-    from unirl_core.ingest.plan import IngestInputError
 
-    try:
-        with _rich_progress("ingest"):
-            summary = ingest_flow(config)
-    except (IngestInputError, ErrorBudgetExceeded) as exc:
-        raise _fail(f"error: {exc}") from None
+    with _rich_progress("ingest"):
+        summary = ingest_flow(config)
     _print_summary(summary)
 
 
@@ -188,14 +198,10 @@ def precache(
     config = _recipe_section(recipe_ref, set_, "precache")
     _patient_prefect_startup()
     from flows.precache import precache as precache_flow
-    from unirl_core.precache.run import PrecacheError
 
-    try:
-        with _rich_progress("precache"):
-            summary = precache_flow(config)
-    except PrecacheError as exc:
-        raise _fail(f"error: {exc}") from None
-    _print_table(f"precache: {summary['output']}", summary)
+    with _rich_progress("precache"):
+        summary = precache_flow(config)
+    _print_table(f"precache: {summary.output}", summary.model_dump())
 
 
 TRAIN_COLUMNS = {  # metric -> (header, format)
@@ -251,15 +257,11 @@ def train(
 def _train_rounds(recipe) -> None:
     from flows.train import train as train_flow
     from tasks.progress import add_listener, remove_listener
-    from unirl_core.train.checkpoint import CheckpointError
-    from unirl_core.train.stack import NonFiniteError
-    from unirl_core.trainer import TrainingConfigError, plan_rounds, validate
+    from unirl_core.train.metrics_summary import reward_trend
+    from unirl_core.trainer import plan_rounds, validate
 
     config = recipe.train
-    try:
-        validate(config, recipe.precache)  # before any Prefect or Ray work
-    except TrainingConfigError as exc:
-        raise _fail(f"error: {exc}") from None
+    validate(config, recipe.precache)  # before any Prefect or Ray work
     rounds = plan_rounds(config)
     typer.echo(
         f"training {config.model.family} ({config.model.path}): {len(rounds)} rounds "
@@ -283,23 +285,24 @@ def _train_rounds(recipe) -> None:
     add_listener(show)
     try:
         summary = train_flow(config, run_name=recipe.name or "train", precache=recipe.precache)
-    except (TrainingConfigError, CheckpointError, NonFiniteError) as exc:
-        raise _fail(f"error: {exc}") from None
     finally:
         remove_listener(show)
-    for entry in summary["rounds"]:
-        state = "already committed" if entry.get("skipped") else f"{entry.get('seconds', 0):.1f} s"
-        typer.echo(f"{entry['round']}: steps {entry['first_step']}-{entry['end_step'] - 1}, {state}")
+    for entry in summary.rounds:
+        state = "already committed" if entry.skipped else f"{entry.seconds or 0:.1f} s"
+        typer.echo(f"{entry.round}: steps {entry.first_step}-{entry.end_step - 1}, {state}")
     if len(rewards) >= 2:
-        window = max(1, min(4, len(rewards) // 2))
-        first, last = sum(rewards[:window]) / window, sum(rewards[-window:]) / window
-        typer.echo(f"reward: first {window} steps {first:.4f} -> last {window} steps {last:.4f} ({last - first:+.4f})")
-    typer.echo(f"checkpoint: {summary['checkpoint']}")
-    typer.echo(f"exported: {summary['export']}")
+        _print_reward_trend(reward_trend(rewards))
+    typer.echo(f"checkpoint: {summary.checkpoint}")
+    typer.echo(f"exported: {summary.export}")
+    typer.echo(f"registered model: {summary.registered_model} version {summary.model_version} (alias {summary.alias})")
+    typer.echo(f"MLflow run: {summary.mlflow_run_url or summary.mlflow_run_id}")
+
+
+def _print_reward_trend(trend) -> None:
+    window = trend.window
     typer.echo(
-        f"registered model: {summary['registered_model']} version {summary['model_version']} (alias {summary['alias']})"
+        f"reward: first {window} steps {trend.first:.4f} -> last {window} steps {trend.last:.4f} ({trend.change:+.4f})"
     )
-    typer.echo(f"MLflow run: {summary['mlflow_run_url'] or summary['mlflow_run_id']}")
 
 
 def _train_local(config, steps: int | None, device: str, checkpoint_every: int) -> None:
@@ -367,47 +370,25 @@ def demo(
 
 
 def _run_pipeline(recipe) -> None:
-    import json as json_lib
-
-    from flows.pipeline import pipeline
-    from unirl_core.ingest.download import ErrorBudgetExceeded
-    from unirl_core.ingest.plan import IngestInputError
-    from unirl_core.precache.run import PrecacheError
-    from unirl_core.train.checkpoint import CheckpointError
-    from unirl_core.train.stack import NonFiniteError
-    from unirl_core.trainer import METRICS_FILE, TrainingConfigError, validate
+    from flows.pipeline import pipeline, report
+    from unirl_core.train.metrics_summary import read_metrics, round_means
+    from unirl_core.trainer import METRICS_FILE, output_dir, validate
 
     if recipe.train is not None:
-        try:
-            validate(recipe.train, recipe.precache)
-        except TrainingConfigError as exc:
-            raise _fail(f"error: {exc}") from None
+        validate(recipe.train, recipe.precache)  # before any Prefect or Ray work
     _quiet_model_libraries()
     _patient_prefect_startup()
-    try:
-        result = pipeline(recipe)
-    except (IngestInputError, ErrorBudgetExceeded, PrecacheError, TrainingConfigError, CheckpointError,
-            NonFiniteError) as exc:  # fmt: skip
-        raise _fail(f"error: {exc}") from None
-    from flows.pipeline import report
+    summary = pipeline(recipe)
 
     typer.echo("")
-    typer.echo(report(result["stages"], result["seconds"]))
+    typer.echo(report(summary))
     if recipe.train is None:
         return
-    rows = [json_lib.loads(line) for line in (Path(recipe.train.output_dir) / METRICS_FILE).read_text().splitlines()]
-    last = {}
-    for row in rows:  # the last row logged for each step (re-runs after a failure log a step again)
-        last[row["step"]] = row
-    by_round: dict[tuple[str, int], list[float]] = {}
-    for row in last.values():
-        value = row.get("reward_mean") if row["stage"] == "rl" else row.get("warmup_loss")
-        by_round.setdefault((row["stage"], row["round"]), []).append(value)
     typer.echo("")
-    for (stage, index), values in sorted(by_round.items(), key=lambda item: (item[0][0] != "warmup", item[0][1])):
-        what = "mean reward" if stage == "rl" else "mean warm-up loss"
-        typer.echo(f"{stage} round {index}: {what} {sum(values) / len(values):.4f} over {len(values)} steps")
-    samples = Path(recipe.train.output_dir) / "samples"
+    for mean in round_means(read_metrics(output_dir(recipe.train) / METRICS_FILE)):
+        what = "mean reward" if mean.stage == "rl" else "mean warm-up loss"
+        typer.echo(f"{mean.stage} round {mean.index}: {what} {mean.mean:.4f} over {mean.steps} steps")
+    samples = output_dir(recipe.train) / "samples"
     typer.echo(f"\nsample grids: {samples}")
     typer.echo(f"UIs: `make serve` (Prefect and MLflow on 127.0.0.1); MLflow tracking: {_tracking_uri()}")
 
@@ -445,13 +426,9 @@ def export_(
     """Export a committed checkpoint: a peft adapter folder (`PeftModel.from_pretrained(denoiser, OUT)`), or with
     --merged the whole pipeline (`<Pipeline>.from_pretrained(OUT)`)."""
     _quiet_model_libraries()
-    from unirl_core.train.checkpoint import CheckpointError
     from unirl_core.train.export import export_checkpoint
 
-    try:
-        written = export_checkpoint(checkpoint, out, merged=merged)
-    except CheckpointError as exc:
-        raise _fail(f"error: {exc}") from None
+    written = export_checkpoint(checkpoint, out, merged=merged)
     typer.echo(f"exported {'merged pipeline' if merged else 'adapter'} to {written}")
 
 
@@ -492,23 +469,15 @@ def _print_table(title: str, values: dict) -> None:
 
 
 def _recipe(recipe: str, overrides: list[str] | None):
-    """The whole typed recipe, or exit 2 with every recipe error."""
-    from unirl_core.config import RecipeError, load_recipe
+    """The whole typed recipe (a RecipeError names every problem)."""
+    from unirl_core.config import load_recipe
 
-    try:
-        return load_recipe(recipe, overrides or [])
-    except RecipeError as exc:
-        raise _fail(str(exc)) from None
+    return load_recipe(recipe, overrides or [])
 
 
 def _recipe_section(recipe: str, overrides: list[str] | None, section: str):
-    """The typed `section` of a recipe, or exit 2 with every recipe error (or the missing section)."""
-    from unirl_core.config import RecipeError, load_recipe
-
-    try:
-        config = getattr(load_recipe(recipe, overrides or []), section)
-    except RecipeError as exc:
-        raise _fail(str(exc)) from None
+    """The typed `section` of a recipe, or exit 2 naming the missing section (a RecipeError names every problem)."""
+    config = getattr(_recipe(recipe, overrides), section)
     if config is None:
         raise _fail(f"error: recipe {recipe} has no `{section}` section")
     return config
@@ -549,15 +518,15 @@ def _rich_progress(label: str):
     return running()
 
 
-def _print_summary(summary: dict) -> None:
+def _print_summary(summary: IngestSummary) -> None:
+    """The ingest summary (an IngestSummary) as a table; stages that did not run (None) are left out."""
     from rich.console import Console
     from rich.table import Table
 
-    table = Table(title=f"ingest: {summary['dataset']}", show_header=False)
-    for key, value in summary.items():
-        if key not in ("dataset", "skip_reasons"):
-            table.add_row(key, str(value))
-    for reason, count in summary["skip_reasons"].items():
+    table = Table(title=f"ingest: {summary.dataset}", show_header=False)
+    for key, value in summary.model_dump(exclude={"dataset", "skip_reasons"}, exclude_none=True).items():
+        table.add_row(key, str(value))
+    for reason, count in summary.skip_reasons.items():
         table.add_row(f"skipped: {reason}", str(count))
     Console().print(table)
 
@@ -568,12 +537,9 @@ def shards_inspect(
     samples: Annotated[int, typer.Option(help="Also print N sample records.", min=0)] = 0,
 ) -> None:
     """Print the shard index (shards, samples, bytes, skip reasons) and N samples, as JSON lines."""
-    from unirl_core.ingest.inspect import DatasetNotFound, describe, sample_records
+    from unirl_core.ingest.inspect import describe, sample_records
 
-    try:
-        summary = describe(path)
-    except DatasetNotFound as exc:
-        raise _fail(f"error: {exc}") from None
+    summary = describe(path)
     sys.stdout.write(json.dumps(summary, ensure_ascii=False) + "\n")
     for record in sample_records(summary["shards_folder"], summary["shard_names"], samples):
         sys.stdout.write(json.dumps(record, ensure_ascii=False) + "\n")

@@ -18,10 +18,11 @@ from tasks.progress import report
 from unirl_core.config.ingest import IngestConfig
 from unirl_core.ingest.download import committed_stats
 from unirl_core.ingest.stages import committed_units, summarize
+from unirl_core.summaries import IngestSummary
 
 
 @flow(name="ingest", log_prints=True)
-def ingest(config: IngestConfig) -> dict:
+def ingest(config: IngestConfig) -> IngestSummary:
     """Parquet (or jsonl/csv) of captions and image URLs or bytes -> equal-size WebDataset shards and an index."""
     started = time.monotonic()
     units = ingest_tasks.plan_units(config)
@@ -29,8 +30,7 @@ def ingest(config: IngestConfig) -> dict:
     stats = download_images(config, units) if config.download_images.enable else committed_units(config, units)
     record = ingest_tasks.reorganize(config, units) if config.reorganize_tar.enable else None
     index = ingest_tasks.generate_wdinfo(config, record) if config.generate_wdinfo.enable else None
-    summary = summarize(config.dataset_output_root, units, stats, index, time.monotonic() - started)
-    summary["new_units"] = new_units
+    summary = summarize(config.dataset_output_root, units, stats, index, time.monotonic() - started, new_units)
     _publish(summary)
     return summary
 
@@ -57,17 +57,18 @@ def download_images(config: IngestConfig, units: list) -> list[dict]:
     return [future.result() for future in futures]
 
 
-def _publish(summary: dict) -> None:
-    table = [{"metric": k, "value": str(v)} for k, v in summary.items() if k != "skip_reasons"]
-    table += [{"metric": f"skipped: {reason}", "value": str(n)} for reason, n in summary["skip_reasons"].items()]
-    create_table_artifact(table=table, key="ingest-summary", description=f"ingest of {summary['dataset']}")
-    if not summary["new_units"]:  # a re-run that committed nothing new: no event (retrain would loop on itself)
+def _publish(summary: IngestSummary) -> None:
+    values = summary.model_dump()
+    table = [{"metric": k, "value": str(v)} for k, v in values.items() if k != "skip_reasons"]
+    table += [{"metric": f"skipped: {reason}", "value": str(n)} for reason, n in summary.skip_reasons.items()]
+    create_table_artifact(table=table, key="ingest-summary", description=f"ingest of {summary.dataset}")
+    if not summary.new_units:  # a re-run that committed nothing new: no event (retrain would loop on itself)
         return
     emit_event(
         event="unirl.dataset.updated",
         resource={
-            "prefect.resource.id": f"unirl.dataset.{summary['dataset']}",
-            "unirl.dataset.uri": summary["dataset"],
+            "prefect.resource.id": f"unirl.dataset.{summary.dataset}",
+            "unirl.dataset.uri": summary.dataset,
         },
-        payload={k: summary.get(k) for k in ("dataset", "rows", "ok", "skipped", "shards", "samples_in_shards")},
+        payload={k: values[k] for k in ("dataset", "rows", "ok", "skipped", "shards", "samples_in_shards")},
     )

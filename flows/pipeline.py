@@ -16,12 +16,13 @@ from flows.ingest import ingest
 from flows.precache import precache
 from flows.train import train
 from unirl_core.config.schema import Recipe
+from unirl_core.summaries import PipelineSummary
 
 
 @flow(name="pipeline", log_prints=True)
-def pipeline(recipe: Recipe) -> dict:
+def pipeline(recipe: Recipe) -> PipelineSummary:
     """Run every section the recipe has, in order; returns each stage's summary."""
-    stages: dict[str, dict] = {}
+    stages = {}
     seconds: dict[str, float] = {}
     for name, section, run in (
         ("ingest", recipe.ingest, lambda: ingest(recipe.ingest)),
@@ -33,37 +34,35 @@ def pipeline(recipe: Recipe) -> dict:
         started = time.monotonic()
         stages[name] = run()
         seconds[name] = time.monotonic() - started
-    create_markdown_artifact(markdown=report(stages, seconds), key="pipeline-summary",
-                             description=f"pipeline {recipe.name}")  # fmt: skip
-    return {"stages": stages, "seconds": seconds}
+    summary = PipelineSummary(**stages, seconds=seconds)
+    create_markdown_artifact(markdown=report(summary), key="pipeline-summary", description=f"pipeline {recipe.name}")
+    return summary
 
 
-def report(stages: dict[str, dict], seconds: dict[str, float]) -> str:
+def report(summary: PipelineSummary) -> str:
+    """The stage table and where the results are (markdown; the `unirl run` command prints it too)."""
+    ingest, precache, train, seconds = summary.ingest, summary.precache, summary.train, summary.seconds
     lines = ["| stage | result | seconds |", "|---|---|---|"]
-    if "ingest" in stages:
-        s = stages["ingest"]
-        lines.append(f"| ingest | {s['ok']} of {s['rows']} rows ok, {s['skipped']} skipped, {s['shards']} shards "
-                     f"| {seconds['ingest']:.1f} |")  # fmt: skip
-    if "precache" in stages:
-        s = stages["precache"]
+    if ingest:
+        lines.append(f"| ingest | {ingest.ok} of {ingest.rows} rows ok, {ingest.skipped} skipped, {ingest.shards} "
+                     f"shards | {seconds['ingest']:.1f} |")  # fmt: skip
+    if precache:
         lines.append(
-            f"| precache | {s['samples']} samples encoded, {s['skipped']} skipped | {seconds['precache']:.1f} |"
+            f"| precache | {precache.samples} samples encoded, {precache.skipped} skipped | {seconds['precache']:.1f} |"
         )
-    if "train" in stages:
-        s = stages["train"]
+    if train:
         lines.append(
-            f"| train | {len(s['rounds'])} rounds, model version {s['model_version']} | {seconds['train']:.1f} |"
+            f"| train | {len(train.rounds)} rounds, model version {train.model_version} | {seconds['train']:.1f} |"
         )
     lines.append("")
-    if "ingest" in stages:
-        lines.append(f"- dataset: `{stages['ingest']['dataset']}`")
-    if "precache" in stages:
-        lines.append(f"- encodings: `{stages['precache']['output']}`")
-    if "train" in stages:
-        s = stages["train"]
+    if ingest:
+        lines.append(f"- dataset: `{ingest.dataset}`")
+    if precache:
+        lines.append(f"- encodings: `{precache.output}`")
+    if train:
         lines += [
-            f"- last checkpoint: `{s['checkpoint']}`",
-            f"- registered model: `{s['registered_model']}` version {s['model_version']} (alias `{s['alias']}`)",
-            f"- MLflow run: {s['mlflow_run_url'] or s['mlflow_run_id']}",
+            f"- last checkpoint: `{train.checkpoint}`",
+            f"- registered model: `{train.registered_model}` version {train.model_version} (alias `{train.alias}`)",
+            f"- MLflow run: {train.mlflow_run_url or train.mlflow_run_id}",
         ]
     return "\n".join(lines)

@@ -15,10 +15,11 @@ from prefect.futures import as_completed
 from tasks import precache as precache_tasks
 from unirl_core.config.precache import PrecacheConfig
 from unirl_core.precache.stages import summarize
+from unirl_core.summaries import PrecacheSummary
 
 
 @flow(name="precache", log_prints=True)
-def precache(config: PrecacheConfig) -> dict:
+def precache(config: PrecacheConfig) -> PrecacheSummary:
     """WebDataset shards -> encoding shards of frozen encoders (safe formats by default) and an index."""
     started = time.monotonic()
     ids, count = precache_tasks.plan_tasks(config)
@@ -32,7 +33,7 @@ def precache(config: PrecacheConfig) -> dict:
     index = precache_tasks.write_index(config)
     summary = summarize(config, done, index, time.monotonic() - started)
     create_table_artifact(
-        table=[{"metric": k, "value": str(v)} for k, v in summary.items()],
+        table=[{"metric": k, "value": str(v)} for k, v in summary.model_dump().items()],
         key="precache-summary",
         description=f"precache into {config.output_dir}",
     )

@@ -13,6 +13,7 @@ from prefect.artifacts import create_markdown_artifact
 from tasks import train as train_tasks
 from unirl_core.config.precache import PrecacheConfig
 from unirl_core.config.schema import TrainConfig
+from unirl_core.summaries import TrainSummary
 from unirl_core.trainer import RAY_RECORD, output_dir, plan_rounds
 
 
@@ -29,43 +30,35 @@ def _stop_ray(flow, flow_run, state) -> None:
 
 
 @flow(name="train", log_prints=True, on_cancellation=[_stop_ray], on_crashed=[_stop_ray])
-def train(config: TrainConfig, run_name: str = "train", precache: PrecacheConfig | None = None) -> dict:
+def train(config: TrainConfig, run_name: str = "train", precache: PrecacheConfig | None = None) -> TrainSummary:
     """Warm-up and RL rounds on a Ray worker group (FSDP2), checkpointed and resumable; MLflow tracked."""
-    rounds = plan_rounds(config)
-    summaries = []
-    for index, round_ in enumerate(rounds):
+    rounds = []
+    for index, round_ in enumerate(plan_rounds(config)):
         label = f"{round_.name} (steps {round_.first}-{round_.end - 1})"
-        summaries.append(train_tasks.train_round(config, index, label, run_name, precache))
+        rounds.append(train_tasks.train_round(config, index, label, run_name, precache))
     final = train_tasks.register_model(config, run_name)
-    summary = {
-        "rounds": summaries,
-        "checkpoint": final["checkpoint"],
-        "final_metrics": summaries[-1].get("metrics", {}),
-        **{k: final[k] for k in ("export", "registered_model", "model_version", "alias", "mlflow_run_id")},
-        "mlflow_run_url": final["mlflow_run_url"],
-    }
+    summary = TrainSummary(rounds=rounds, final_metrics=rounds[-1].metrics, **final.model_dump())
     create_markdown_artifact(markdown=_report(summary), key="train-summary", description=f"training {run_name}")
     return summary
 
 
-def _report(summary: dict) -> str:
+def _report(summary: TrainSummary) -> str:
     lines = ["| round | steps | reward (last step) | loss | seconds | resumed from |", "|---|---|---|---|---|---|"]
-    for s in summary["rounds"]:
-        m = s.get("metrics") or {}
-        reward = m.get("reward_mean")
-        loss = m.get("loss", m.get("warmup_loss"))
+    for s in summary.rounds:
+        reward = s.metrics.get("reward_mean")
+        loss = s.metrics.get("loss", s.metrics.get("warmup_loss"))
         fmt = lambda v: "" if v is None else f"{v:.4f}"  # noqa: E731
-        seconds = "skipped" if s.get("skipped") else f"{s.get('seconds', 0):.1f}"
+        seconds = "skipped" if s.skipped else f"{s.seconds or 0:.1f}"
+        resumed_from = "" if s.resumed_from is None else s.resumed_from
         lines.append(
-            f"| {s['round']} | {s['first_step']}-{s['end_step'] - 1} | {fmt(reward)} | {fmt(loss)} | {seconds} "
-            f"| {s.get('resumed_from', '')} |"
+            f"| {s.round} | {s.first_step}-{s.end_step - 1} | {fmt(reward)} | {fmt(loss)} | {seconds} "
+            f"| {resumed_from} |"
         )
     lines += [
         "",
-        f"- checkpoint: `{summary['checkpoint']}`",
-        f"- exported: `{summary['export']}`",
-        f"- registered model: `{summary['registered_model']}` version {summary['model_version']} "
-        f"(alias `{summary['alias']}`)",
-        f"- MLflow run: {summary['mlflow_run_url'] or summary['mlflow_run_id']}",
+        f"- checkpoint: `{summary.checkpoint}`",
+        f"- exported: `{summary.export}`",
+        f"- registered model: `{summary.registered_model}` version {summary.model_version} (alias `{summary.alias}`)",
+        f"- MLflow run: {summary.mlflow_run_url or summary.mlflow_run_id}",
     ]
     return "\n".join(lines)

@@ -7,11 +7,11 @@ from prefect import task
 from tasks.progress import report
 from tasks.retries import retry_unless
 from unirl_core.config.ingest import IngestConfig
+from unirl_core.errors import UserError
 from unirl_core.ingest import stages
-from unirl_core.ingest.download import ErrorBudgetExceeded
-from unirl_core.ingest.plan import IngestInputError, WorkUnit
+from unirl_core.ingest.plan import WorkUnit
 
-is_transient = retry_unless(IngestInputError, ErrorBudgetExceeded)
+is_transient = retry_unless(UserError)  # bad input (IngestInputError, ErrorBudgetExceeded) fails at once
 
 
 @task(name="download_parquet", retries=3, retry_delay_seconds=[2, 10, 30], retry_condition_fn=is_transient)

@@ -8,10 +8,11 @@ from prefect.concurrency.sync import concurrency
 from tasks.progress import report
 from tasks.retries import retry_unless
 from unirl_core.config.precache import PrecacheConfig
+from unirl_core.errors import UserError
 from unirl_core.precache import stages
-from unirl_core.precache.run import PrecacheError, resolve_device
+from unirl_core.precache.run import resolve_device
 
-is_transient = retry_unless(PrecacheError)
+is_transient = retry_unless(UserError)  # a PrecacheError (bad config, bad encoder output) fails at once
 
 
 @task(name="plan-precache-tasks")

@@ -2,7 +2,7 @@
 
 A round retries when a worker was lost (actor death, OOM kill, a collective timing out because of a dead peer) or
 its deadline passed: the retry resumes from the last committed checkpoint. A bad config, a corrupt or mismatched
-checkpoint and a non-finite loss fail at once.
+checkpoint and a non-finite loss fail at once. Both return typed summaries (unirl_core.summaries).
 """
 
 from __future__ import annotations
@@ -14,13 +14,12 @@ from tasks.retries import retry_unless
 from unirl_core.config.precache import PrecacheConfig
 from unirl_core.config.schema import TrainConfig
 from unirl_core.distributed.worker_group import WorkerLostError
-from unirl_core.train.checkpoint import CheckpointError
-from unirl_core.train.stack import NonFiniteError
-from unirl_core.trainer import RoundDeadlineError, TrainingConfigError, finalize, plan_rounds, run_round
+from unirl_core.errors import UserError
+from unirl_core.summaries import ExportSummary, RoundSummary
+from unirl_core.trainer import RoundDeadlineError, finalize, plan_rounds, run_round
 
-is_retryable = retry_unless(
-    TrainingConfigError, CheckpointError, NonFiniteError, transient=(WorkerLostError, RoundDeadlineError)
-)
+# TrainingConfigError, CheckpointError, NonFiniteError, RewardError ... fail at once
+is_retryable = retry_unless(UserError, transient=(WorkerLostError, RoundDeadlineError))
 
 
 def prefect_tags() -> dict[str, str]:
@@ -42,14 +41,15 @@ def prefect_tags() -> dict[str, str]:
 )
 def train_round(
     config: TrainConfig, round_index: int, round_label: str, run_name: str, precache: PrecacheConfig | None = None
-) -> dict:
+) -> RoundSummary:
     round_ = plan_rounds(config)[round_index]
-    return run_round(
+    summary = run_round(
         config, round_, run_name=run_name, precache=precache, tags=prefect_tags(),
         on_step=lambda row: report("train_step", row),
     )  # fmt: skip
+    return RoundSummary.model_validate(summary)  # a dict today; a RoundSummary passes through as itself
 
 
 @task(name="register-model", retries=2, retry_delay_seconds=[5, 30], retry_condition_fn=is_retryable)
-def register_model(config: TrainConfig, run_name: str) -> dict:
-    return finalize(config, run_name)
+def register_model(config: TrainConfig, run_name: str) -> ExportSummary:
+    return ExportSummary.model_validate(finalize(config, run_name))

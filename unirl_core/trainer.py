@@ -25,6 +25,7 @@ from typing import Any
 import numpy as np
 
 from unirl_core.config.schema import TrainConfig
+from unirl_core.errors import UserError
 from unirl_core.train.checkpoint import CheckpointError, CheckpointManager, config_hash
 from unirl_core.train.export import CONFIG_FILE
 
@@ -34,7 +35,7 @@ METRICS_FILE = "metrics.jsonl"
 RAY_RECORD = "ray_processes.json"  # the local Ray of the running round, for the flow's teardown hooks
 
 
-class TrainingConfigError(ValueError):
+class TrainingConfigError(UserError, ValueError):
     """A recipe that cannot train as configured (the message shows the arithmetic); never retried."""
 
 

@@ -33,6 +33,9 @@ def test_validate_packaged_recipe_by_name():
     result = unirl("validate", "prompts_file", "--set", "train.data.prompts_per_rollout=-1", env={"DATA_PATH": "x.txt"})
     assert result.returncode == 2
     assert "train.data.prompts_per_rollout: got '-1'; Input should be greater than 0" in result.stderr
+    assert result.stderr.startswith("error: recipe ") and "Traceback" not in result.stderr
+    result = unirl("prompts", "show", "/nonexistent/prompts.txt")  # a UserError raised by the core
+    assert result.returncode == 2 and result.stderr == "error: /nonexistent/prompts.txt: no such prompt file\n"
 
 
 @pytest.mark.slow

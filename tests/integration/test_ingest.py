@@ -19,6 +19,7 @@ from flows.cli import app
 from unirl_core.config.ingest import IngestConfig
 from unirl_core.ingest.download import ErrorBudgetExceeded
 from unirl_core.ingest.plan import IngestInputError
+from unirl_core.summaries import IngestSummary
 
 pytestmark = pytest.mark.slow
 
@@ -113,7 +114,7 @@ def recipe(tmp_path: Path, root: str, pattern: str, **images) -> str:
     return str(path)
 
 
-def run_ingest(recipe_path: str) -> dict:
+def run_ingest(recipe_path: str) -> IngestSummary:
     """What `unirl ingest RECIPE` does, in-process (the console script itself is run in tests/e2e: Prefect's log
     handler keeps the first stream it sees, so a second in-process CliRunner invocation cannot be used)."""
     from flows.ingest import ingest
@@ -163,7 +164,7 @@ def test_ingest_accounts_for_every_row_and_writes_equal_shards(prefect_harness, 
     assert sum(head["skip_reasons"].values()) == len(rows) - ok
     assert len(samples) == 3 and samples[0]["image"] == {"format": "jpg", "width": 64, "height": 64}
     assert samples[0]["caption"] == "procedural image 0" and samples[0]["metadata"]["source"] == "web"
-    assert result["rows"] == len(rows) and result["ok"] == ok and result["skip_reasons"]["decode_error"] == 3
+    assert result.rows == len(rows) and result.ok == ok and result.skip_reasons["decode_error"] == 3
 
 
 def test_rerun_is_a_no_op_and_two_runs_are_byte_identical(prefect_harness, image_server, tmp_path):
@@ -260,7 +261,7 @@ def test_s3_round_trip(prefect_harness, image_server, s3_endpoint, tmp_path):
     fs = fsspec.filesystem("s3")
     fs.put_file(local, "unirl-test/inputs/part-0.parquet")
     root = "s3://unirl-test/datasets/s3-demo"
-    assert run_ingest(recipe(tmp_path, root, "s3://unirl-test/inputs/*.parquet"))["ok"] == 12
+    assert run_ingest(recipe(tmp_path, root, "s3://unirl-test/inputs/*.parquet")).ok == 12
     listing = sorted(p.rsplit("/", 1)[-1] for p in fs.ls("unirl-test/datasets/s3-demo/shards"))
     assert listing == ["00000.tar", "00001.tar", "00001.tar.INCOMPLETE", "_reorganize.json", "index.json", "wdinfo.pkl"]
     inspect = CliRunner().invoke(app, ["shards", "inspect", root, "--samples", "1"])
@@ -273,6 +274,8 @@ def test_ingest_flow_publishes_artifacts_and_an_event(prefect_harness, image_ser
     from datetime import UTC, datetime, timedelta
 
     from prefect.client.orchestration import get_client
+    from prefect.client.schemas.filters import FlowFilter, FlowFilterName
+    from prefect.client.schemas.sorting import FlowRunSort
     from prefect.events.filters import EventFilter, EventNameFilter, EventOccurredFilter
 
     from flows.ingest import ingest
@@ -284,8 +287,14 @@ def test_ingest_flow_publishes_artifacts_and_an_event(prefect_harness, image_ser
         json.loads(Path(recipe(tmp_path, str(tmp_path / "ds"), pattern)).read_text())["ingest"]
     )
     summary = ingest(config)
-    assert summary["ok"] == 9 and summary["shards"] == 1 and summary["samples_in_shards"] == 8
+    assert (
+        isinstance(summary, IngestSummary) and IngestSummary.model_validate_json(summary.model_dump_json()) == summary
+    )
+    assert summary.ok == 9 and summary.shards == 1 and summary.samples_in_shards == 8
     with get_client(sync_client=True) as client:
+        (run,) = client.read_flow_runs(flow_filter=FlowFilter(name=FlowFilterName(any_=["ingest"])),
+                                        sort=FlowRunSort.START_TIME_DESC, limit=1)  # fmt: skip
+        assert run.state.data is None  # the summary lives in memory: no result (pickle or otherwise) is written
         artifacts = {a.key: a for a in client.read_latest_artifacts()}
         event_filter = EventFilter(
             event=EventNameFilter(name=["unirl.dataset.updated"]),
@@ -297,10 +306,10 @@ def test_ingest_flow_publishes_artifacts_and_an_event(prefect_harness, image_ser
     assert "ingest-summary" in artifacts and artifacts["ingest-progress"].data == 100.0
     payloads = [e.payload for e in events if e.payload.get("dataset") == config.dataset_output_root]
     assert payloads and payloads[0]["ok"] == 9 and payloads[0]["samples_in_shards"] == 8
-    assert summary["new_units"] == 1
+    assert summary.new_units == 1
 
     again = ingest(config)  # nothing new: no event, or the retrain deployment would trigger itself forever
-    assert again["new_units"] == 0 and again["ok"] == 9
+    assert again.new_units == 0 and again.ok == 9
     time.sleep(3)
     with get_client(sync_client=True) as client:
         events = client.read_events(filter=event_filter, limit=50).events

@@ -3,6 +3,11 @@ CPU workers), MLflow (sqlite) and tiny models; a re-run redoes nothing and retur
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
+from pathlib import Path
+
 import pytest
 
 pytestmark = pytest.mark.slow
@@ -20,29 +25,42 @@ def test_synthetic_rows_are_deterministic_and_include_counted_bad_rows():
 
 
 def test_pipeline_runs_every_stage_and_a_rerun_redoes_nothing(prefect_harness, tmp_path, monkeypatch):
+    from prefect.settings import PREFECT_API_URL
+
     from flows.pipeline import pipeline
     from unirl_core.config import load_recipe
     from unirl_core.data.synthetic import synthetic_prompts, write_synthetic_parquet
+    from unirl_core.summaries import PipelineSummary, TrainSummary
 
     monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{tmp_path / 'mlflow.db'}")
     monkeypatch.setenv("INPUT_PARQUET", write_synthetic_parquet(str(tmp_path / "synthetic.parquet"), rows=16))
     (tmp_path / "prompts.txt").write_text("\n".join(synthetic_prompts(16)))
     monkeypatch.setenv("DATA_PATH", str(tmp_path / "prompts.txt"))
-    recipe = load_recipe(
-        "pipeline_demo",
-        [f"ingest.dataset_output_root={tmp_path / 'data'}", f"train.output_dir={tmp_path / 'out'}",
-         "train.warmup.steps=2", "train.warmup.batch_size=4", "train.steps=4", "train.steps_per_round=2",
-         "train.eval_every_rounds=0"],
-    )  # fmt: skip
+    overrides = [f"ingest.dataset_output_root={tmp_path / 'data'}", f"train.output_dir={tmp_path / 'out'}",
+                 "train.warmup.steps=2", "train.warmup.batch_size=4", "train.steps=4", "train.steps_per_round=2",
+                 "train.eval_every_rounds=0"]  # fmt: skip
+    recipe = load_recipe("pipeline_demo", overrides)
     first = pipeline(recipe)
-    ingest, precache, train = (first["stages"][k] for k in ("ingest", "precache", "train"))
-    assert (ingest["ok"], ingest["skipped"]) == (16, 3)
-    assert sorted(ingest["skip_reasons"]) == ["blocked_address", "decode_error", "no_image"]
-    assert precache["samples"] == 16
-    assert [r["round"] for r in train["rounds"]] == ["warmup round 0", "rl round 0", "rl round 1"]
-    assert train["alias"] == "candidate"
+    assert isinstance(first, PipelineSummary) and isinstance(first.train, TrainSummary)
+    ingest, precache, train = first.ingest, first.precache, first.train
+    assert (ingest.ok, ingest.skipped) == (16, 3)
+    assert sorted(ingest.skip_reasons) == ["blocked_address", "decode_error", "no_image"]
+    assert precache.samples == 16
+    assert [r.round for r in train.rounds] == ["warmup round 0", "rl round 0", "rl round 1"]
+    assert train.alias == "candidate" and set(first.seconds) == {"ingest", "precache", "train"}
+    assert PipelineSummary.model_validate_json(first.model_dump_json()) == first  # JSON round trip, no pickle
 
     again = pipeline(recipe)
-    assert all(r.get("skipped") for r in again["stages"]["train"]["rounds"])  # every round already committed
-    assert again["stages"]["train"]["model_version"] == train["model_version"]  # no second registration
-    assert again["stages"]["precache"]["samples"] == 16
+    assert all(r.skipped for r in again.train.rounds)  # every round already committed
+    assert again.train.model_version == train.model_version  # no second registration
+    assert again.precache.samples == 16
+
+    # `unirl run`, as a user runs it: the stage table from the typed summaries, then each round's mean
+    command = [str(Path(sys.executable).parent / "unirl"), "run", "pipeline_demo"]
+    command += [arg for override in overrides for arg in ("--set", override)]
+    env = {**os.environ, "PREFECT_API_URL": PREFECT_API_URL.value()}
+    result = subprocess.run(command, env=env, capture_output=True, text=True, timeout=600)
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    assert f"| train | 3 rounds, model version {train.model_version} |" in result.stdout
+    assert "warmup round 0: mean warm-up loss" in result.stdout and "over 2 steps" in result.stdout
+    assert "rl round 0: mean reward" in result.stdout and "rl round 1: mean reward" in result.stdout

@@ -87,15 +87,12 @@ def source_keys(source) -> list[str]:
 
 def test_precache_safe_format_key_parity_and_index(prefect_harness, source, tmp_path):
     from flows.precache import precache
+    from unirl_core.summaries import PrecacheSummary
 
     config = precache_config(source, str(tmp_path / "out"))
     summary = precache(config)
-    assert (
-        summary["tasks"] == 2
-        and summary["source_samples"] == 25
-        and summary["samples"] == 24
-        and summary["skipped"] == 1
-    )
+    assert isinstance(summary, PrecacheSummary)
+    assert summary.tasks == 2 and summary.source_samples == 25 and summary.samples == 24 and summary.skipped == 1
 
     samples = list(read_encodings(config.output_dir, config))
     skipped = [s for d in check_cache(config.output_dir, config) for s in d["skipped"]]
@@ -119,7 +116,7 @@ def test_precache_safe_format_key_parity_and_index(prefect_harness, source, tmp_
     )
 
     again = precache(config)  # finished tasks are not redone
-    assert again["samples"] == 24
+    assert again.samples == 24
     from prefect.client.orchestration import get_client
 
     with get_client(sync_client=True) as client:
@@ -217,6 +214,6 @@ def test_precache_over_s3(prefect_harness, source, s3_endpoint):
         fs.put_file(str(path), f"unirl-test/pc-src/{path.name}")
     config = precache_config(source, "s3://unirl-test/pc-out", input_dir="s3://unirl-test/pc-src", node_array_size=1)
     summary = precache(config)
-    assert summary["samples"] == 16 and summary["shards"] == 3
+    assert summary.samples == 16 and summary.shards == 3
     assert len(list(read_encodings(config.output_dir, config))) == 16
     assert fs.exists("unirl-test/pc-out/index.json") and fs.exists("unirl-test/pc-out/wdinfo.pkl")

@@ -94,6 +94,23 @@ def test_ray_actor_pair_all_reduces_over_gloo(ray_local):
         assert again.run("all_reduce_sum", [0.5]) == [[1.0], [1.0]]
 
 
+def test_a_user_error_on_a_worker_arrives_as_itself(ray_local):
+    """Not wrapped in Ray's remote traceback: `unirl` prints the worker's one-line message and exits 2."""
+    from unirl_core.data.bagel.sharding import ShardingError
+    from unirl_core.distributed.worker_group import TorchWorker, WorkerGroup
+
+    class Reader(TorchWorker):  # defined here: Ray pickles it by value
+        def plan(self, files: list[str]) -> list:
+            from unirl_core.data.bagel.sharding import assign_files
+
+            return assign_files(files, self.world_size, num_workers=2, seed=0)
+
+    with WorkerGroup(world_size=1, worker_cls=Reader) as group, pytest.raises(ShardingError) as info:
+        group.run("plan", ["a.parquet"])
+    assert type(info.value) is ShardingError
+    assert str(info.value).startswith("1 files cannot feed 1 ranks x 2 workers = 2 readers")
+
+
 def test_mlflow_run_is_read_back(mlflow_uri):
     from mlflow.tracking import MlflowClient
 

@@ -79,9 +79,9 @@ def reference(prefect_harness, tracking, precache, tmp_path_factory):
 
 def test_warmup_then_rl_rounds_run_end_to_end_with_checkpoints_eval_and_samples(reference):
     output_dir, summary = reference
-    assert [r["round"] for r in summary["rounds"]] == ["warmup round 0", "rl round 0", "rl round 1"]
-    warmup = summary["rounds"][0]
-    assert warmup["warmup_eval_loss"] < warmup["warmup_eval_loss_before"]  # fixed draws on the same batch
+    assert [r.round for r in summary.rounds] == ["warmup round 0", "rl round 0", "rl round 1"]
+    warmup = summary.rounds[0]
+    assert warmup.warmup_eval_loss < warmup.warmup_eval_loss_before  # fixed draws on the same batch
     rows = metric_rows(output_dir)
     assert sorted(rows) == [0, 1, 2, 3, 4, 5, 6]  # warm-up steps 0-2, RL steps 3-6
     assert all(rows[s]["stage"] == "warmup" and rows[s]["warmup_loss"] > 0 for s in (0, 1, 2))
@@ -91,15 +91,15 @@ def test_warmup_then_rl_rounds_run_end_to_end_with_checkpoints_eval_and_samples(
     assert committed == ["step_00000005", "step_00000006"]  # every step committed, the last 2 kept
     record = json.loads((output_dir / "checkpoints/step_00000006/trainer_state.json").read_text())
     assert record["world_size"] == 2 and len(record["rng"]) == 2 and record["stage"] == "rl"
-    assert record["mlflow_run_id"] == summary["mlflow_run_id"]
-    assert Path(summary["rounds"][1]["samples"]).is_file()  # one grid per RL round, prompts as captions
-    assert Path(summary["rounds"][2]["eval_samples"]).is_file()  # evaluation after the last round
+    assert record["mlflow_run_id"] == summary.mlflow_run_id
+    assert Path(summary.rounds[1].samples).is_file()  # one grid per RL round, prompts as captions
+    assert Path(summary.rounds[2].eval_samples).is_file()  # evaluation after the last round
     assert not (output_dir / "ray_processes.json").exists()  # Ray was shut down
 
 
 def test_each_rank_holds_only_its_shard(reference):
     _, summary = reference
-    shards = summary["rounds"][0]["shard_elements"]
+    shards = summary.rounds[0].shard_elements
     assert len(shards) == 2
     full = shards[0]["full_elements"]
     for shard in shards:
@@ -113,7 +113,7 @@ def test_mlflow_has_params_metrics_images_inputs_and_the_registered_model(refere
 
     _, summary = reference
     client = MlflowClient(tracking)
-    run = client.get_run(summary["mlflow_run_id"])
+    run = client.get_run(summary.mlflow_run_id)
     assert run.info.status == "FINISHED"
     assert run.data.params["algorithm.eta"] == "0.7"  # the flattened resolved recipe
     assert run.data.params["model.lora.target_modules"].startswith('["to_q"')
@@ -124,8 +124,8 @@ def test_mlflow_has_params_metrics_images_inputs_and_the_registered_model(refere
     artifacts = [a.path for a in client.list_artifacts(run.info.run_id)]
     assert "images" in artifacts and "adapter" in artifacts
     assert sorted(d.dataset.name for d in run.inputs.dataset_inputs) == ["precache", "prompts"]
-    version = client.get_model_version_by_alias(summary["registered_model"], "candidate")
-    assert version.run_id == run.info.run_id and str(version.version) == str(summary["model_version"])
+    version = client.get_model_version_by_alias(summary.registered_model, "candidate")
+    assert version.run_id == run.info.run_id and str(version.version) == str(summary.model_version)
 
 
 def test_exports_load_with_from_pretrained_and_match_the_trained_model(reference, tmp_path):
@@ -136,7 +136,7 @@ def test_exports_load_with_from_pretrained_and_match_the_trained_model(reference
 
     output_dir, summary = reference
     _, trained = load_checkpoint_adapter(resolve_checkpoint(output_dir))
-    adapter_dir = Path(summary["export"])
+    adapter_dir = Path(summary.export)
     base = SD3Transformer2DModel.from_pretrained(json.loads((adapter_dir / "adapter_config.json").read_text())[
         "base_model_name_or_path"])  # fmt: skip
     peft_model = PeftModel.from_pretrained(base, str(adapter_dir))
@@ -177,7 +177,7 @@ def test_a_round_retries_after_a_worker_is_killed_and_ends_as_the_uninterrupted_
     summary = train(load_config(output_dir), run_name="rounds-test-killed", precache=precache)
     killer.join(timeout=5)
     assert killed, "no worker was killed"
-    assert summary["rounds"][1]["resumed_from"] == 3  # the retried RL round resumed from its committed step
+    assert summary.rounds[1].resumed_from == 3  # the retried RL round resumed from its committed step
     assert metric_rows(output_dir) == {
         step: {**row} for step, row in metric_rows(reference_dir).items()
     }  # bitwise: every reward, loss, ratio, grad norm and lr of every step

@@ -107,6 +107,47 @@ def test_prompts_show_fails_cleanly_on_bad_input(seed_files, tmp_path):
     assert result.exit_code == 2 and "use one of .txt, .jsonl, .json" in result.stderr
 
 
+def assert_one_error_line(result, message: str) -> None:
+    """Exit 2; stderr has exactly one `error:` line (a recipe's issues follow it, indented), no traceback."""
+    assert result.exit_code == 2, result.output
+    assert isinstance(result.exception, SystemExit)  # a clean exit, not an exception escaping the command
+    lines = result.stderr.splitlines()
+    assert [line for line in lines if line.startswith("error:")] == [lines[0]], result.stderr
+    assert all(line.startswith("  ") for line in lines[1:]), result.stderr
+    assert message in result.stderr and "Traceback" not in result.output
+    assert result.stdout == ""
+
+
+def test_a_user_error_raised_by_the_core_is_one_error_line_and_exit_2(tmp_path):
+    """No command lists the errors it expects: the app catches every UserError (RecipeError, PromptDataError,
+    DatasetNotFound, CheckpointError, TrainingConfigError, ...) in one place."""
+    result = run("validate", "demo", "--set", "train.sampling.height=7")
+    assert_one_error_line(result, "train.sampling.height: got '7'; Input should be a multiple of 8")
+    assert result.stderr.startswith("error: recipe ") and "1 error(s)" in result.stderr
+    result = run("prompts", "show", str(tmp_path / "missing.txt"))
+    assert_one_error_line(result, f"error: {tmp_path / 'missing.txt'}: no such prompt file")
+    result = run("shards", "inspect", str(tmp_path))
+    assert_one_error_line(result, f"error: {tmp_path}: no index.json here")
+    result = run("export", str(tmp_path), str(tmp_path / "out"))
+    assert_one_error_line(result, f"error: {tmp_path}: no committed checkpoint")
+    # through a command that runs flows: refused by the core's checks before any Prefect or Ray work
+    result = run("train", "prompts_file", env={"DATA_PATH": str(tmp_path / "missing.txt")})
+    assert_one_error_line(result, f"training cannot start: train.data: {tmp_path / 'missing.txt'}: no such prompt")
+
+
+def test_an_unexpected_error_is_not_dressed_as_a_user_error(monkeypatch):
+    """Only UserError is caught: a bug keeps its traceback (and exit code 1)."""
+    import unirl_core.config
+
+    def broken(*args, **kwargs):
+        raise KeyError("a bug")
+
+    monkeypatch.setattr(unirl_core.config, "load_recipe", broken)
+    result = run("validate", "demo")
+    assert result.exit_code == 1 and isinstance(result.exception, KeyError)
+    assert "error:" not in result.stderr
+
+
 def test_tiny_models_refuses_unknown_family_and_non_empty_folder(tmp_path):
     result = run("tiny-models", str(tmp_path / "m"), "--family", "sdxl")
     assert result.exit_code == 2 and "model family 'sdxl' is unknown: choose one of sd15, sd3" in result.stderr

@@ -22,6 +22,7 @@ import yaml
 from pydantic import BaseModel, ValidationError
 
 from unirl_core.config.schema import Recipe
+from unirl_core.errors import UserError
 from unirl_core.workspace import workspace
 
 _ENV_PATTERN = re.compile(r"(?<!\$)\$\{env:([A-Za-z_][A-Za-z0-9_]*)(?:,([^}$]*))?\}")  # `$${env:X}` escapes
@@ -41,7 +42,7 @@ class RecipeIssue:
         return f"{self.path or '<recipe>'}: got {shown}; {self.message}"
 
 
-class RecipeError(ValueError):
+class RecipeError(UserError, ValueError):
     """A recipe that cannot be used; carries every issue found."""
 
     def __init__(self, source: str, issues: Sequence[RecipeIssue]):

@@ -16,6 +16,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
+from unirl_core.errors import UserError
 from unirl_core.io import storage
 
 logger = logging.getLogger(__name__)
@@ -46,7 +47,7 @@ _LEGACY_PATTERN = re.compile(r"_embeds(_path)?$|_embed_path$")  # diffusers' nam
 SAMPLING_FIELDS = {"negative_prompt", "seed", "guidance_scale", "height", "width", "num_inference_steps"}
 
 
-class PromptDataError(ValueError):
+class PromptDataError(UserError, ValueError):
     """A prompt file that cannot be used; the message names the file and the line or item."""
 
 

@@ -19,6 +19,7 @@ from ray.util.placement_group import placement_group, remove_placement_group
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
 from unirl_core.distributed.process_group import free_port, init_process_group
+from unirl_core.errors import UserError
 
 # Failures of the cluster rather than of the computation: the round retries from its last committed checkpoint.
 LOST = (
@@ -136,6 +137,8 @@ class WorkerGroup:
                 raise WorkerLostError(f"training worker rank(s) {dead} died; a peer failed with: {exc}") from exc
             if COLLECTIVE_FAILURE.search(str(exc)):
                 raise WorkerLostError(f"a collective between the training workers failed: {exc}") from exc
+            if isinstance(exc.cause, UserError):  # the worker's own error and message, not Ray's remote traceback
+                raise exc.cause from exc
             raise
 
     def dead_ranks(self, timeout: float = 10) -> list[int]:

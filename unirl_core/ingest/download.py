@@ -24,6 +24,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from unirl_core.config.ingest import DownloadImagesConfig, IngestConfig
+from unirl_core.errors import UserError
 from unirl_core.ingest.fetch import Fetcher, FetchError, FetchPolicy
 from unirl_core.ingest.images import ImageOptions, SkipSample, process_image
 from unirl_core.ingest.plan import IngestInputError, WorkUnit, input_schema, iter_rows
@@ -45,7 +46,7 @@ NON_OUTPUT_SETTINGS = {
 }
 
 
-class ErrorBudgetExceeded(RuntimeError):
+class ErrorBudgetExceeded(UserError, RuntimeError):
     """Too many rows of a unit were skipped: the run fails instead of shipping an empty dataset."""
 
 

@@ -11,6 +11,7 @@ import fsspec
 import numpy as np
 from PIL import Image
 
+from unirl_core.errors import UserError
 from unirl_core.io import storage
 from unirl_core.io.shard_index import INDEX, read_index
 from unirl_core.io.tars import iter_samples
@@ -18,7 +19,7 @@ from unirl_core.io.tars import iter_samples
 IMAGE_EXTENSIONS = ("jpg", "jpeg", "png", "webp")
 
 
-class DatasetNotFound(ValueError):
+class DatasetNotFound(UserError, ValueError):
     pass
 
 

@@ -21,6 +21,7 @@ import pyarrow.json as pa_json
 import pyarrow.parquet as pq
 
 from unirl_core.config.ingest import MAX_ROWS_PER_UNIT, IngestConfig
+from unirl_core.errors import UserError
 from unirl_core.io import storage
 
 logger = logging.getLogger(__name__)
@@ -29,7 +30,7 @@ PLAN_FILE = "units.json"
 FORMATS = {".parquet": "parquet", ".pq": "parquet", ".jsonl": "jsonl", ".ndjson": "jsonl", ".csv": "csv"}
 
 
-class IngestInputError(ValueError):
+class IngestInputError(UserError, ValueError):
     """An input that can never succeed (schema, emptiness, corruption): fail at once, do not retry."""
 
 

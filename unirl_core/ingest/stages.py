@@ -17,6 +17,7 @@ from unirl_core.ingest.plan import IngestInputError, WorkUnit, plan_units, read_
 from unirl_core.ingest.reorganize import REORGANIZE_RECORD, reorganize, shards_folder
 from unirl_core.io import storage
 from unirl_core.io.shard_index import generate_wdinfo
+from unirl_core.summaries import IngestSummary
 
 __all__ = [
     "download_unit",
@@ -71,28 +72,33 @@ def stage_generate_wdinfo(config: IngestConfig, record: dict | None = None) -> d
     return generate_wdinfo(shards_folder(config.dataset_output_root), record)
 
 
-def summarize(root: str, units: list[WorkUnit], stats: list[dict], index: dict | None, seconds: float) -> dict:
-    """What a user wants at the end: rows in, samples out, skips by reason, throughput."""
+def summarize(
+    root: str, units: list[WorkUnit], stats: list[dict], index: dict | None, seconds: float, new_units: int = 0
+) -> IngestSummary:
+    """What a user wants at the end: rows in, samples out, skips by reason, throughput (`new_units`: units this
+    run committed)."""
     reasons: Counter = Counter()
     for s in stats:
         reasons.update(s["skip_reasons"])
     rows = sum(s["count"] for s in stats)
     ok = sum(s["successes"] for s in stats)
-    summary = {
-        "dataset": root,
-        "units": len(units),
-        "rows": rows,
-        "ok": ok,
-        "skipped": sum(reasons.values()),
-        "skip_reasons": dict(sorted(reasons.items())),
-        "seconds": round(seconds, 2),
-        "images_per_s": round(ok / seconds, 1) if seconds > 0 else None,
-    }
+    shards = {}
     if index is not None:
-        summary |= {
+        shards = {
             "shards": len(index["shardlist"]),
             "samples_in_shards": index["total_key_count"],
             "incomplete_shards": index["incomplete"],
             "bytes": sum(s["filesize"] for s in index["shardlist"]),
         }
-    return summary
+    return IngestSummary(
+        dataset=root,
+        units=len(units),
+        rows=rows,
+        ok=ok,
+        skipped=sum(reasons.values()),
+        skip_reasons=dict(sorted(reasons.items())),
+        seconds=round(seconds, 2),
+        images_per_s=round(ok / seconds, 1) if seconds > 0 else None,
+        **shards,
+        new_units=new_units,
+    )

@@ -28,6 +28,7 @@ from safetensors.torch import save as safetensors_save
 from torch.utils.data import DataLoader
 
 from unirl_core.config.precache import EncodingSpec, PrecacheConfig
+from unirl_core.errors import UserError
 from unirl_core.io import storage
 from unirl_core.io.tars import TarShardWriter
 from unirl_core.models.dtypes import DTYPES
@@ -38,7 +39,7 @@ logger = logging.getLogger(__name__)
 INCOMPLETE = ".INCOMPLETE"
 
 
-class PrecacheError(ValueError):
+class PrecacheError(UserError, ValueError):
     """A precache that can never succeed as configured (bad encoder output, stale cache, bad config)."""
 
 

@@ -14,6 +14,7 @@ from unirl_core.io.shard_index import generate_wdinfo
 from unirl_core.precache.read import done_records
 from unirl_core.precache.run import PrecacheError, run_task
 from unirl_core.precache.source import source_shards, task_plan
+from unirl_core.summaries import PrecacheSummary
 
 __all__ = ["plan_tasks", "run_task", "summarize", "write_index"]
 
@@ -41,16 +42,16 @@ def write_index(config: PrecacheConfig) -> dict:
     return generate_wdinfo(config.output_dir.rstrip("/"), record)
 
 
-def summarize(config: PrecacheConfig, done: list[dict], index: dict, seconds: float) -> dict:
+def summarize(config: PrecacheConfig, done: list[dict], index: dict, seconds: float) -> PrecacheSummary:
     samples = sum(d["samples"] for d in done)
-    return {
-        "output": config.output_dir,
-        "tasks": len(done),
-        "source_samples": sum(d["source_samples"] for d in done),
-        "samples": samples,
-        "skipped": sum(len(d["skipped"]) for d in done),
-        "shards": len(index["shardlist"]),
-        "samples_in_complete_shards": index["total_key_count"],
-        "seconds": round(seconds, 2),
-        "samples_per_s": round(samples / seconds, 1) if seconds > 0 else None,
-    }
+    return PrecacheSummary(
+        output=config.output_dir,
+        tasks=len(done),
+        source_samples=sum(d["source_samples"] for d in done),
+        samples=samples,
+        skipped=sum(len(d["skipped"]) for d in done),
+        shards=len(index["shardlist"]),
+        samples_in_complete_shards=index["total_key_count"],
+        seconds=round(seconds, 2),
+        samples_per_s=round(samples / seconds, 1) if seconds > 0 else None,
+    )

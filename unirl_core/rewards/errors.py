@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+from unirl_core.errors import UserError
 
-class RewardError(ValueError):
+
+class RewardError(UserError, ValueError):
     """A reward that must not be trained on (non-finite, missing or malformed), naming the samples or the scorer.
 
     Permanent: retrying the step gives the same answer, so the task layer does not retry it."""

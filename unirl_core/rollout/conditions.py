@@ -12,9 +12,10 @@ from dataclasses import dataclass
 from PIL import Image, ImageOps
 
 from unirl_core.data.groups import RolloutSample
+from unirl_core.errors import UserError
 
 
-class ConditionImageError(ValueError):
+class ConditionImageError(UserError, ValueError):
     """A condition image that cannot be used (blocked, missing, too large, not an image), naming its uri."""
 
 

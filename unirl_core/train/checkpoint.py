@@ -28,13 +28,14 @@ from typing import Any
 import numpy as np
 import torch
 
+from unirl_core.errors import UserError
 from unirl_core.io.storage import write_bytes_atomic
 
 STATE_FILE = "trainer_state.json"
 STEP_DIR = re.compile(r"^step_(\d{8})$")
 
 
-class CheckpointError(RuntimeError):
+class CheckpointError(UserError, RuntimeError):
     """A checkpoint that cannot be used (corrupt, or from another config or world size), naming the file."""
 
 

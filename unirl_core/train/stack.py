@@ -12,9 +12,10 @@ import math
 import torch
 
 from unirl_core.algorithms.losses import LOSSES, MULTI_UPDATE, gaussian_kl
+from unirl_core.errors import UserError
 
 
-class NonFiniteError(RuntimeError):
+class NonFiniteError(UserError, RuntimeError):
     """A non-finite loss or gradient: the optimizer step is skipped and the run stops, naming step and samples."""
 
 

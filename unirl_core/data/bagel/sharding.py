@@ -16,9 +16,10 @@ from typing import Any
 import numpy as np
 
 from unirl_core.data.resume import describe_changes
+from unirl_core.errors import UserError
 
 
-class ShardingError(ValueError):
+class ShardingError(UserError, ValueError):
     """A file list that cannot feed every rank and worker, or a resume state from another layout."""
 
 
