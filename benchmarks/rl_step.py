@@ -27,8 +27,9 @@ import torch
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from bare_loop import bare_steps  # noqa: E402
+
 from unirl_core.config import recipe_from_tree  # noqa: E402
-from unirl_core.train.local import iter_local  # noqa: E402
 
 SHAPES = {  # name -> (family, transformer overrides or None for the tiny model, pixels, inference steps)
     "tiny-sd3": ("sd3", None, 32, 4),
@@ -82,7 +83,7 @@ def measure(name: str, path: str, steps: int, device: str, dtype: str) -> dict:
             }
         }  # fmt: skip
     ).train
-    rows = list(iter_local(config, device=device))[1:]  # step 0 is a warm-up
+    rows = list(bare_steps(config, device=device))[1:]  # step 0 is a warm-up
     phases = {k: statistics.mean(r[f"seconds_{k}"] for r in rows) for k in ("rollout", "reward", "train")}
     total = sum(phases.values())
     return {"size": size, "s_per_step": total, "images_per_s": 8 / total} | {k: v / total for k, v in phases.items()}

@@ -1,4 +1,4 @@
-"""Round overhead: the same RL steps in one bare process (the single-process runner, `iter_local`) vs the Prefect
+"""Round overhead: the same RL steps in one bare process (`bare_loop.bare_steps`: the computation alone) vs the Prefect
 `train` flow running them as a round on a local Ray with 1 and 2 FSDP workers.
 
     .venv/bin/python benchmarks/round_overhead.py [--model mid-sd3] [--steps 5] [--skip 1] [--inference-steps 4]
@@ -10,7 +10,7 @@ rl_step.py built from config with random weights (mid-sd3 by default: 4 layers x
 own fresh output_dir; the rounds track into one sqlite MLflow in a temporary folder and run under a temporary
 Prefect API (created before the first round and not counted).
 
-  bare      iter_local in this process, torch threads = --cpus (all cores by default; the baseline of every ratio)
+  bare      bare_steps in this process, torch threads = --cpus (all cores by default; the baseline of every ratio)
   bare-1t   the same with torch.set_num_threads(1): what one core does alone
   ray-1     the train flow, 1 worker with --cpus CPUs (torch threads = cpus_per_worker)
   ray-2     the train flow, 2 workers with --cpus / 2 CPUs each (each rank rolls out and trains half the groups)
@@ -94,7 +94,7 @@ def summarize(mode: str, workers: int, threads: int, started: float, stamps: lis
 
 
 def run_bare(path: str, out: Path, args, threads: int, images: int) -> dict:
-    from unirl_core.train.local import iter_local
+    from bare_loop import bare_steps
 
     before = torch.get_num_threads()
     torch.set_num_threads(threads)
@@ -102,7 +102,7 @@ def run_bare(path: str, out: Path, args, threads: int, images: int) -> dict:
         config = recipe(path, out, args)
         stamps, rows = [], []
         started = time.perf_counter()
-        for row in iter_local(config, args.steps):
+        for row in bare_steps(config, args.steps):
             stamps.append(time.perf_counter())
             rows.append(row)
         ended = time.perf_counter()

@@ -222,41 +222,43 @@ TRAIN_COLUMNS = {  # metric -> (header, format)
 def train(
     recipe: Annotated[str, typer.Argument(help="A recipe with a `train` section (file or packaged name).")],
     local: Annotated[
-        bool, typer.Option("--local", help="Run in this process, without Ray or Prefect (the single-process runner).")
+        bool,
+        typer.Option("--local", help="One rank in this process: the same rounds without Ray or Prefect (MLflow kept)."),
     ] = False,
     steps: Annotated[int | None, typer.Option(help="RL steps (default: the recipe's train.steps).", min=1)] = None,
-    device: Annotated[str, typer.Option(help="--local: torch device (cpu, cuda, cuda:1 ...).")] = "cpu",
+    device: Annotated[str, typer.Option(help="--local: cpu (all cores) or cuda (the current GPU).")] = "cpu",
     checkpoint_every: Annotated[
         int | None,
         typer.Option(
-            help="Commit a checkpoint under <output_dir>/checkpoints every N steps (rounds also commit at their "
-            "end); --local: also at the end, and 0 (its default) means no checkpoints.",
+            help="Commit a checkpoint under <output_dir>/checkpoints every N steps (rounds also commit at their end).",
             min=0,
         ),
     ] = None,
     set_: Annotated[list[str] | None, typer.Option("--set", "-s", help="Override: dotted.key=value.")] = None,
 ) -> None:
     """Train: warm-up and RL rounds on a Ray worker group (FSDP2) as a Prefect flow, checkpointed, resumable and
-    tracked in MLflow; re-running after a failure resumes from the last committed checkpoint. `--local`: the
-    single-process runner (no Ray, Prefect or MLflow)."""
-    overrides = list(set_ or [])
-    if steps and not local:
-        overrides.append(f"train.steps={steps}")
-    if checkpoint_every is not None and not local:
-        overrides.append(f"train.checkpoint_every={checkpoint_every}")
-    loaded = _recipe(recipe, overrides)
+    tracked in MLflow; re-running after a failure resumes from the last committed checkpoint. `--local`: the same
+    controller and rounds on one rank in this process (no Ray, no Prefect)."""
+    overrides = _local_overrides(device) if local else []
+    overrides += [f"train.steps={steps}"] if steps else []
+    overrides += [f"train.checkpoint_every={checkpoint_every}"] if checkpoint_every is not None else []
+    loaded = _recipe(recipe, [*overrides, *(set_ or [])])
     if loaded.train is None:
         raise _fail(f"error: recipe {recipe} has no `train` section")
     _quiet_model_libraries()
-    if local:
-        _train_local(loaded.train, steps, device, checkpoint_every or 0)
-    else:
-        _train_rounds(loaded)
+    _train_rounds(loaded, local)
 
 
-def _train_rounds(recipe) -> None:
-    from flows.train import train as train_flow
-    from tasks.progress import add_listener, remove_listener
+def _local_overrides(device: str) -> list[str]:
+    """One rank in this process: on the CPU with every core, or on the current GPU."""
+    if device == "cpu":
+        return ["train.ray.workers=1", f"train.ray.cpus_per_worker={os.cpu_count() or 1}"]
+    if device == "cuda":
+        return ["train.ray.workers=1", "train.ray.gpus_per_worker=1"]
+    raise _fail(f"error: --device {device!r}: choose cpu or cuda (CUDA_VISIBLE_DEVICES picks the GPU)")
+
+
+def _train_rounds(recipe, local: bool = False) -> None:
     from unirl_core.train.metrics_summary import reward_trend
     from unirl_core.trainer import plan_rounds, validate
 
@@ -265,7 +267,8 @@ def _train_rounds(recipe) -> None:
     rounds = plan_rounds(config)
     typer.echo(
         f"training {config.model.family} ({config.model.path}): {len(rounds)} rounds "
-        f"({config.warmup.steps} warm-up + {config.steps} RL steps) on {config.ray.workers} workers, "
+        f"({config.warmup.steps} warm-up + {config.steps} RL steps) on "
+        f"{'1 rank in this process' if local else f'{config.ray.workers} workers'}, "
         f"{config.data.prompts_per_rollout} prompts x {config.sampling.samples_per_prompt} samples per step; "
         f"output {config.output_dir}"
     )
@@ -281,21 +284,37 @@ def _train_rounds(recipe) -> None:
         cells = "  ".join(fmt.format(row.get(key, float("nan"))) for key, (_, fmt) in TRAIN_COLUMNS.items())
         typer.echo(f"  {cells}")
 
-    _patient_prefect_startup()
-    add_listener(show)
-    try:
-        summary = train_flow(config, run_name=recipe.name or "train", precache=recipe.precache)
-    finally:
-        remove_listener(show)
+    typer.echo("  " + "  ".join(f"{header:>{len(fmt.format(0))}}" for header, fmt in TRAIN_COLUMNS.values()))
+    summary = _train_summary(recipe, local, show)
     for entry in summary.rounds:
         state = "already committed" if entry.skipped else f"{entry.seconds or 0:.1f} s"
         typer.echo(f"{entry.round}: steps {entry.first_step}-{entry.end_step - 1}, {state}")
     if len(rewards) >= 2:
         _print_reward_trend(reward_trend(rewards))
+    for grid in [g for entry in summary.rounds for g in (entry.samples, entry.eval_samples) if g]:
+        typer.echo(f"samples: {grid}")
     typer.echo(f"checkpoint: {summary.checkpoint}")
     typer.echo(f"exported: {summary.export}")
     typer.echo(f"registered model: {summary.registered_model} version {summary.model_version} (alias {summary.alias})")
     typer.echo(f"MLflow run: {summary.mlflow_run_url or summary.mlflow_run_id}")
+
+
+def _train_summary(recipe, local: bool, show):
+    """The rounds in this process (`local`), or the train flow, with `show(kind, row)` called after every step."""
+    name = recipe.name or "train"
+    if local:
+        from unirl_core.trainer import train_in_process
+
+        return train_in_process(recipe.train, name, recipe.precache, on_step=lambda row: show("train_step", row))
+    from flows.train import train as train_flow
+    from tasks.progress import add_listener, remove_listener
+
+    _patient_prefect_startup()
+    add_listener(show)
+    try:
+        return train_flow(recipe.train, run_name=name, precache=recipe.precache)
+    finally:
+        remove_listener(show)
 
 
 def _print_reward_trend(trend) -> None:
@@ -303,39 +322,6 @@ def _print_reward_trend(trend) -> None:
     typer.echo(
         f"reward: first {window} steps {trend.first:.4f} -> last {window} steps {trend.last:.4f} ({trend.change:+.4f})"
     )
-
-
-def _train_local(config, steps: int | None, device: str, checkpoint_every: int) -> None:
-    from unirl_core.io.storage import join
-    from unirl_core.train.local import iter_local
-
-    total = steps or config.steps
-    typer.echo(
-        f"training {config.model.family} ({config.model.path}) for {total} steps: "
-        f"{config.data.prompts_per_rollout} prompts x {config.sampling.samples_per_prompt} samples, "
-        f"rewards {config.reward.weights}"
-    )
-    typer.echo("  ".join(f"{header:>{len(fmt.format(0))}}" for header, fmt in TRAIN_COLUMNS.values()))
-    rewards, grids = [], []
-    checkpoint_dir = join(config.output_dir, "checkpoints") if checkpoint_every else None
-    runs = iter_local(
-        config, total, device, samples_dir=join(config.output_dir, "samples"), checkpoint_dir=checkpoint_dir,
-        checkpoint_every=checkpoint_every,
-    )  # fmt: skip
-    for metrics in runs:
-        rewards.append(metrics["reward_mean"])
-        grids += [metrics["samples_path"]] if "samples_path" in metrics else []
-        typer.echo("  ".join(fmt.format(metrics.get(key, float("nan"))) for key, (_, fmt) in TRAIN_COLUMNS.items()))
-    if not rewards:
-        typer.echo(f"nothing to do: the latest checkpoint under {checkpoint_dir} is at step {total - 1}")
-        return
-    if checkpoint_dir:
-        typer.echo(f"checkpoints: {checkpoint_dir}")
-    window = max(1, min(4, len(rewards) // 2))
-    first, last = sum(rewards[:window]) / window, sum(rewards[-window:]) / window
-    typer.echo(f"reward: first {window} steps {first:.4f} -> last {window} steps {last:.4f} ({last - first:+.4f})")
-    for grid in grids:
-        typer.echo(f"samples: {grid}")
 
 
 @app.command()

@@ -1,60 +1,68 @@
-"""Checkpoints commit atomically and a resumed run continues exactly (the single-process runner)."""
+"""Checkpoints commit atomically and a resumed run continues exactly (the rounds' controller on one rank in this
+process: the `--local` transport)."""
 
 from __future__ import annotations
 
 import pytest
 import torch
+from local_training import comparable, on_one_rank, train_locally
 
 from unirl_core.config import load_recipe
 from unirl_core.models.registry import build_family
 from unirl_core.train.checkpoint import CheckpointError, CheckpointManager
-from unirl_core.train.local import iter_local
 
 pytestmark = pytest.mark.slow
 
-TIMING = ("seconds_rollout", "seconds_reward", "seconds_train", "images_per_s", "checkpoint")
+
+class Killed(Exception):
+    """Stands in for a kill: raised after a step was logged, before anything later is committed."""
 
 
 def config(**overrides):
     return load_recipe("demo", [f"{k}={v}" for k, v in overrides.items()]).train
 
 
-def comparable(metrics):
-    return [{k: v for k, v in m.items() if k not in TIMING} for m in metrics]
-
-
 def trained_weights(train_config, folder):
     adapter = build_family(train_config.model, train_config.sampling)
     optimizer = torch.optim.AdamW(adapter.parameters())
-    CheckpointManager(folder.parent).load(folder, adapter.trainable, optimizer)
+    CheckpointManager.read_data(folder, adapter.trainable, optimizer)
     return {n: p.detach().clone() for n, p in adapter.trainable.named_parameters() if p.requires_grad}
 
 
+def kill_after(step: int):
+    def on_step(row: dict) -> None:
+        if row["step"] == step:
+            raise Killed(step)
+
+    return on_step
+
+
 def test_a_run_stopped_mid_way_resumes_with_exactly_the_uninterrupted_steps(tmp_path):
-    train = config(**{"train.algorithm.std_mode": "per_prompt", "train.algorithm.tracker_min_count": 4})
-    straight = list(iter_local(train, 5, checkpoint_dir=str(tmp_path / "a"), checkpoint_every=2))
-    interrupted = iter_local(train, 5, checkpoint_dir=str(tmp_path / "b"), checkpoint_every=2)
-    first = [next(interrupted) for _ in range(3)]  # steps 0-2; step 1 committed, step 2 is lost with the process
-    interrupted.close()
-    resumed = list(iter_local(train, 5, checkpoint_dir=str(tmp_path / "b"), checkpoint_every=2))
+    train = config(**{"train.algorithm.std_mode": "per_prompt", "train.algorithm.tracker_min_count": 4,
+                      "train.steps": 5, "train.checkpoint_every": 2})  # fmt: skip
+    straight = train_locally(train, tmp_path / "a")
+    first: list[dict] = []
+    with pytest.raises(Killed):  # steps 0-2 logged; step 1 committed, step 2 is lost with the process
+        train_locally(train, tmp_path / "b", on_step=lambda row: (first.append(row), kill_after(2)(row)))
+    resumed = train_locally(train, tmp_path / "b")
     assert [m["step"] for m in resumed] == [2, 3, 4]
     assert comparable(first[:2] + resumed) == comparable(straight)  # bitwise: rewards, losses, ratios, lr
-    a, b = (CheckpointManager(tmp_path / name).latest() for name in ("a", "b"))
+    a, b = (CheckpointManager(tmp_path / name / "checkpoints").latest() for name in ("a", "b"))
     assert a.name == b.name == "step_00000004"
     weights_a, weights_b = trained_weights(train, a), trained_weights(train, b)
     assert weights_a.keys() == weights_b.keys() and all(torch.equal(weights_a[k], weights_b[k]) for k in weights_a)
 
 
 def test_partial_writes_are_ignored_retention_keeps_two_and_errors_name_the_file(tmp_path):
-    train = config()
-    root = tmp_path / "ckpt"
-    list(iter_local(train, 4, checkpoint_dir=str(root), checkpoint_every=1))
+    train = config(**{"train.steps": 4, "train.checkpoint_every": 1})
+    root = tmp_path / "checkpoints"
+    train_locally(train, tmp_path)
     manager = CheckpointManager(root)
     assert [p.name for p in manager.committed()] == ["step_00000002", "step_00000003"]  # keep=2, oldest deleted
     (root / "step_00000009").mkdir()  # a write killed before its commit record
     (root / "step_00000009" / "__0_0.distcp").write_bytes(b"half")
     assert manager.latest().name == "step_00000003"
-    resumed = list(iter_local(train, 5, checkpoint_dir=str(root), checkpoint_every=1))
+    resumed = train_locally(config(**{"train.steps": 5, "train.checkpoint_every": 1}), tmp_path)
     assert [m["step"] for m in resumed] == [4]
     assert not (root / "step_00000009").exists()  # cleaned by the next save
     latest = manager.latest()
@@ -62,10 +70,26 @@ def test_partial_writes_are_ignored_retention_keeps_two_and_errors_name_the_file
     data.write_bytes(b"\x00" * data.stat().st_size)
     adapter = build_family(train.model, train.sampling)
     with pytest.raises(CheckpointError, match=r"step_00000004.*distcp"):
-        manager.load(latest, adapter.trainable, torch.optim.AdamW(adapter.parameters()))
-    changed = config(**{"train.algorithm.learning_rate": "0.05"})
+        CheckpointManager.read_data(latest, adapter.trainable, torch.optim.AdamW(adapter.parameters()))
+    changed = config(**{"train.algorithm.learning_rate": "0.05", "train.steps": 6})
     with pytest.raises(CheckpointError, match="config_hash"):
-        list(iter_local(changed, 6, checkpoint_dir=str(root)))
+        train_locally(changed, tmp_path)
+
+
+def test_named_states_come_back_with_one_load(tmp_path):
+    """The controller's states (data cursor, advantage tracker, progress) are restored by `load()` alone."""
+    from unirl_core.algorithms.advantages import PerPromptStatTracker
+    from unirl_core.data.sources import build_source
+    from unirl_core.trainer.controller import checkpoints
+
+    train = on_one_rank(config(**{"train.steps": 2}), tmp_path)
+    train_locally(train, tmp_path)
+    source, tracker = build_source(train.data), PerPromptStatTracker(4, 2)
+    folder, record = checkpoints(train, {"source": source, "tracker": tracker}).load()
+    assert folder.name == "step_00000001" and record["global_step"] == 1 and record["world_size"] == 1
+    expected = build_source(train.data)
+    expected.next_batch(), expected.next_batch()  # two steps drew two batches
+    assert source.state_dict() == expected.state_dict() == record["source"]
 
 
 def test_unirl_train_local_checkpoints_and_resumes(tmp_path):
@@ -73,9 +97,9 @@ def test_unirl_train_local_checkpoints_and_resumes(tmp_path):
 
     from flows.cli import app
 
-    args = ["train", "demo", "--local", "--checkpoint-every", "2", "--set", f"train.output_dir={tmp_path}"]
+    args = ["train", "demo", "--local", "--checkpoint-every", "1", "--set", f"train.output_dir={tmp_path}"]
     first = CliRunner().invoke(app, [*args, "--steps", "2"])
     assert first.exit_code == 0, first.output
     assert (tmp_path / "checkpoints" / "step_00000001" / "trainer_state.json").is_file()
     again = CliRunner().invoke(app, [*args, "--steps", "2"])
-    assert again.exit_code == 0 and "nothing to do" in again.stdout
+    assert again.exit_code == 0 and "rl round 0: steps 0-1, already committed" in again.stdout, again.output

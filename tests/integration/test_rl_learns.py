@@ -16,7 +16,6 @@ from typer.testing import CliRunner
 
 from flows.cli import app
 from unirl_core.config import load_recipe
-from unirl_core.train.local import run_local
 
 pytestmark = pytest.mark.slow
 
@@ -31,38 +30,44 @@ SD15 = [  # DDPO's sampler (DDIM eta 1); the early half of the steps stochastic;
 ]
 
 
-def reward_gain(overrides: list[str], seed: int) -> tuple[float, list[dict]]:
+def reward_gain(overrides: list[str], seed: int, output_dir) -> tuple[float, list[dict]]:
+    from local_training import train_locally
+
     config = load_recipe("demo", [*overrides, f"train.sampling.seed={seed}", f"train.data.seed={seed}"]).train
-    metrics = run_local(config)
+    metrics = train_locally(config, output_dir)
     rewards = [m["reward_mean"] for m in metrics]
     return sum(rewards[-WINDOW:]) / WINDOW - sum(rewards[:WINDOW]) / WINDOW, metrics
 
 
 @pytest.mark.parametrize("seed", [0, 1, 3])
-def test_tiny_sd3_with_lora_learns_jpeg_compressibility(seed):
-    gain, metrics = reward_gain([], seed)
+def test_tiny_sd3_with_lora_learns_jpeg_compressibility(seed, tmp_path):
+    gain, metrics = reward_gain([], seed, tmp_path)
     assert gain > MARGIN, [round(m["reward_mean"], 4) for m in metrics]
     assert metrics[0]["ratio_mean"] == 1.0 and all(m["grad_norm"] > 0 for m in metrics)
     assert metrics[-1]["lr"] < 0.01 * metrics[0]["lr"]  # cosine decayed to ~0 by the last step
 
 
 @pytest.mark.parametrize("seed", [0, 1, 2])
-def test_tiny_sd15_with_lora_learns_jpeg_compressibility(seed):
-    gain, metrics = reward_gain(SD15, seed)
+def test_tiny_sd15_with_lora_learns_jpeg_compressibility(seed, tmp_path):
+    gain, metrics = reward_gain(SD15, seed, tmp_path)
     assert gain > MARGIN, [round(m["reward_mean"], 4) for m in metrics]
 
 
 def test_unirl_train_local_prints_metrics_and_saves_sample_grids(tmp_path):
+    """`--local` is the rounds' controller on one rank in this process: the same outputs as a Ray round."""
     result = CliRunner().invoke(
         app, ["train", "demo", "--local", "--steps", "3", "--set", f"train.output_dir={tmp_path}/out"]
     )
     assert result.exit_code == 0, result.output
+    assert "on 1 rank in this process" in result.stdout
     rows = [line.split() for line in result.stdout.splitlines() if line.split() and line.split()[0].isdigit()]
     assert [row[0] for row in rows] == ["0", "1", "2"]
     assert all(float(row[1]) < 0 for row in rows)  # -(JPEG kB)
-    assert "reward: first 1 steps" in result.stdout
-    for name in ("step_00000.png", "step_00002.png"):
-        assert (tmp_path / "out" / "samples" / name).stat().st_size > 0
+    assert "rl round 0: steps 0-2" in result.stdout and "reward: first 1 steps" in result.stdout
+    assert (tmp_path / "out" / "samples" / "round_000_step_00000002.png").stat().st_size > 0
+    assert (tmp_path / "out" / "checkpoints" / "step_00000002" / "trainer_state.json").is_file()
+    assert (tmp_path / "out" / "export" / "step_00000002" / "adapter_model.safetensors").is_file()
+    assert "registered model: unirl-demo version" in result.stdout
     # without --local: the training rounds, which refuse a batch that cannot split over the workers before any
     # Prefect or Ray work, with the arithmetic
     refused = CliRunner().invoke(app, ["train", "demo", "--set", "train.data.prompts_per_rollout=3"])

@@ -10,7 +10,6 @@ from unirl_core.data.groups import expand_groups
 from unirl_core.data.sources import build_source
 from unirl_core.models.registry import build_family
 from unirl_core.rollout.rollout import run_rollout
-from unirl_core.train.local import run_local
 from unirl_core.train.stack import TrainStack
 
 pytestmark = pytest.mark.slow
@@ -37,9 +36,11 @@ def train_config(family: str, **algorithm):
 
 
 @pytest.mark.parametrize("family", ["sd3", "sd15"])
-def test_first_ratio_is_exactly_one_and_runs_repeat_bit_identically(family):
+def test_first_ratio_is_exactly_one_and_runs_repeat_bit_identically(family, tmp_path):
+    from local_training import train_locally
+
     config = train_config(family)
-    first, second = run_local(config), run_local(config)
+    first, second = train_locally(config, tmp_path / "a"), train_locally(config, tmp_path / "b")
     assert first[0]["ratio_mean"] == 1.0 and first[0]["ratio_min"] == 1.0 and first[0]["clip_fraction"] == 0.0
     for a, b in zip(first, second, strict=True):
         assert a["reward_mean"] == b["reward_mean"] and a["loss"] == b["loss"]  # same seed, same run

@@ -82,16 +82,35 @@ def test_recipe_models_become_the_prefect_form(prefect_harness):
 
 
 def test_ray_actor_pair_all_reduces_over_gloo(ray_local):
-    from unirl_core.distributed.worker_group import WorkerGroup
+    from unirl_core.distributed.worker_group import TorchWorker, WorkerGroup
 
     assert ray_local["CPU"] == 2
     with WorkerGroup(world_size=2) as group:
         assert group.backends == ["gloo", "gloo"]
-        results = group.run("all_reduce_sum", [1.0, 2.0, 3.0])
+        results = group.run(TorchWorker.all_reduce_sum, [1.0, 2.0, 3.0])
     assert results == [[2.0, 4.0, 6.0], [2.0, 4.0, 6.0]]
     # close() released the placement group: a second group of 2 CPUs can start at once.
     with WorkerGroup(world_size=2, ready_timeout_s=30) as again:
-        assert again.run("all_reduce_sum", [0.5]) == [[1.0], [1.0]]
+        assert again.run(TorchWorker.all_reduce_sum, [0.5]) == [[1.0], [1.0]]
+    with pytest.raises(TypeError, match="by reference"):  # no method names as strings
+        again.run("all_reduce_sum", [0.5])
+
+
+def test_local_group_is_one_rank_in_this_process():
+    """`unirl train --local`'s transport: the worker in this process, torch.distributed with world size 1."""
+    import torch
+    import torch.distributed as dist
+
+    from unirl_core.distributed.local_group import LocalGroup
+    from unirl_core.distributed.rank import TorchWorker
+
+    threads = torch.get_num_threads()
+    with LocalGroup(TorchWorker) as group:
+        assert group.backends == ["gloo"] and dist.get_world_size() == 1
+        assert group.run(TorchWorker.all_reduce_sum, [1.0, 2.0]) == [[1.0, 2.0]]
+        assert group.scatter(TorchWorker.all_reduce_sum, [[3.0]]) == [[3.0]]
+        torch.set_num_threads(1)  # a worker's build sets its threads; closing restores the process's
+    assert not dist.is_initialized() and torch.get_num_threads() == threads
 
 
 def test_a_user_error_on_a_worker_arrives_as_itself(ray_local):
@@ -106,7 +125,7 @@ def test_a_user_error_on_a_worker_arrives_as_itself(ray_local):
             return assign_files(files, self.world_size, num_workers=2, seed=0)
 
     with WorkerGroup(world_size=1, worker_cls=Reader) as group, pytest.raises(ShardingError) as info:
-        group.run("plan", ["a.parquet"])
+        group.run(Reader.plan, ["a.parquet"])
     assert type(info.value) is ShardingError
     assert str(info.value).startswith("1 files cannot feed 1 ranks x 2 workers = 2 readers")
 

@@ -66,3 +66,20 @@ class PerPromptStatTracker:
         self.buffers.clear()
         for prompt, values in state["buffers"].items():
             self.buffers[prompt].extend(values)
+
+
+def compute_advantages(
+    algorithm, tracker: PerPromptStatTracker, prompts: list[str], rewards: list[float], group: int
+) -> tuple[torch.Tensor, dict[str, float]]:
+    """Advantages [B] of one rollout (group-major samples, `group` per prompt) by `algorithm.std_mode`, clipped to
+    +-adv_clip, and their stats. `per_prompt` normalizes by each prompt's running stats in `tracker` (flow_grpo's
+    per-prompt stat tracking); the others within the batch (`group_advantages`)."""
+    rewards_B = torch.tensor(rewards)
+    if algorithm.std_mode != "per_prompt":
+        return group_advantages(rewards_B, group, algorithm.std_mode, clip=algorithm.adv_clip)
+    _, stats = group_advantages(rewards_B, group, "group", clip=algorithm.adv_clip)  # zero_std_ratio
+    advantages = tracker.update(prompts, rewards_B).clamp(-algorithm.adv_clip, algorithm.adv_clip)
+    return advantages, stats | {
+        "advantage_mean": advantages.mean().item(),
+        "advantage_abs_max": advantages.abs().max().item(),
+    }

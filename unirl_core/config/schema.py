@@ -285,7 +285,7 @@ class RewardConfig(StrictModel):
     """Remote scorers by reward name: each key can be weighted or guarded like a built-in reward."""
 
     def problems(self) -> Iterator[Problem]:
-        from unirl_core.rewards.registry import builtin_names
+        from unirl_core.rewards.names import builtin_names
 
         yield from super().problems()
         builtins = builtin_names()

@@ -10,15 +10,14 @@ from __future__ import annotations
 
 import contextlib
 import re
+from collections.abc import Callable
 from typing import Any
 
 import ray
-import torch
-import torch.distributed as dist
 from ray.util.placement_group import placement_group, remove_placement_group
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
-from unirl_core.distributed.process_group import free_port, init_process_group
+from unirl_core.distributed.rank import TorchWorker, method_name
 from unirl_core.errors import UserError
 
 # Failures of the cluster rather than of the computation: the round retries from its last committed checkpoint.
@@ -36,36 +35,6 @@ COLLECTIVE_FAILURE = re.compile(r"gloo|nccl|Connection closed by peer|Connection
 class WorkerLostError(RuntimeError):
     """A worker (Ray actor) died or became unreachable mid-round: retryable, the round resumes from its last
     committed checkpoint."""
-
-
-class TorchWorker:
-    """One rank. Subclass it for real work; every public method can be called on the whole group."""
-
-    def rendezvous_address(self) -> tuple[str, int]:
-        """This worker's node address and a port free on it: where the process group meets (rank 0's)."""
-        address = ray.util.get_node_ip_address()
-        return address, free_port(address)
-
-    def setup(
-        self, rank: int, world_size: int, master_addr: str, master_port: int, backend: str | None, timeout_s: int = 300
-    ) -> str:
-        self.rank, self.world_size = rank, world_size
-        return init_process_group(rank, world_size, master_addr, master_port, backend, timeout_s)
-
-    def device_for(self, gpus: float) -> torch.device:
-        """This worker's torch device: its Ray-assigned GPU (visible as cuda:0) when it has one, else the CPU."""
-        if gpus and torch.cuda.is_available():
-            return torch.device("cuda", 0 if ray.get_gpu_ids() else torch.cuda.current_device())
-        return torch.device("cpu")
-
-    def all_reduce_sum(self, values: list[float]) -> list[float]:
-        tensor = torch.tensor(values, dtype=torch.float64)
-        dist.all_reduce(tensor, op=dist.ReduceOp.SUM)
-        return tensor.tolist()
-
-    def teardown(self) -> None:
-        if dist.is_initialized():
-            dist.destroy_process_group()
 
 
 class WorkerGroup:
@@ -106,17 +75,19 @@ class WorkerGroup:
             self.close()
             raise
 
-    def run(self, method: str, *args: Any, timeout: float | None = None, **kwargs: Any) -> list[Any]:
-        """Broadcast: call `method` on every rank with the same arguments; results in rank order."""
-        return self._get([getattr(w, method).remote(*args, **kwargs) for w in self.workers], timeout)
+    def run(self, method: Callable[..., Any], *args: Any, timeout: float | None = None, **kwargs: Any) -> list[Any]:
+        """Broadcast: call `method` (a worker method by reference) on every rank with the same arguments; results
+        in rank order."""
+        name = method_name(method)
+        return self._get([getattr(w, name).remote(*args, **kwargs) for w in self.workers], timeout)
 
-    def scatter(self, method: str, shares: list[Any], *args: Any, timeout: float | None = None, **kwargs: Any):
+    def scatter(self, method: Callable[..., Any], shares: list[Any], *args: Any, timeout: float | None = None,
+                **kwargs: Any) -> list[Any]:  # fmt: skip
         """Call `method` on rank r with `shares[r]` as first argument (then the common ones); results in rank order."""
         if len(shares) != len(self.workers):
             raise ValueError(f"{len(shares)} shares for {len(self.workers)} workers")
-        calls = [
-            getattr(w, method).remote(share, *args, **kwargs) for w, share in zip(self.workers, shares, strict=True)
-        ]
+        name = method_name(method)
+        calls = [getattr(w, name).remote(share, *args, **kwargs) for w, share in zip(self.workers, shares, strict=True)]
         return self._get(calls, timeout)
 
     def _get(self, refs: list[Any], timeout: float | None) -> list[Any]:
@@ -162,3 +133,6 @@ class WorkerGroup:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+__all__ = ["COLLECTIVE_FAILURE", "LOST", "TorchWorker", "WorkerGroup", "WorkerLostError"]

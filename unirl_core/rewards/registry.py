@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 from PIL import Image
 
-from unirl_core.rewards.functions import REWARDS
+from unirl_core.rewards.names import MODEL_REWARDS
 
 if TYPE_CHECKING:
     from unirl_core.config.schema import RewardConfig
@@ -29,13 +29,6 @@ logger = logging.getLogger(__name__)
 
 # A reward as the service calls it: one float per image.
 Scorer = Callable[[Sequence[Image.Image], Sequence[str], Sequence[str]], np.ndarray]
-
-MODEL_REWARDS = {"clip_score": "clip", "aesthetic": "aesthetic"}  # reward name -> its RewardConfig section
-
-
-def builtin_names() -> set[str]:
-    """Names that need no `remote` entry: the weight-free rewards and the model rewards."""
-    return set(REWARDS) | set(MODEL_REWARDS)
 
 
 def _clip_score(config: RewardConfig, device: str) -> Scorer:

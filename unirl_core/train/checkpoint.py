@@ -22,8 +22,9 @@ import json
 import random
 import re
 import shutil
+from collections.abc import Callable, Mapping
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import numpy as np
 import torch
@@ -80,11 +81,50 @@ def _options():
     return StateDictOptions(ignore_frozen_params=True, strict=False)
 
 
+class Stateful(Protocol):
+    def state_dict(self) -> dict[str, Any]: ...
+
+    def load_state_dict(self, state: dict[str, Any]) -> None: ...
+
+
 class CheckpointManager:
-    def __init__(self, root: str | Path, keep: int = 2):
+    """Checkpoints under `root` (the last `keep` committed kept). `states`: named states whose `state_dict()`
+    goes into the commit record under its name and comes back through `load_state_dict` on `load()` (the data
+    cursor, the advantage tracker, ...); a state named `""` is stored flat (the trainer's own progress).
+    `identity`: keys that must match on resume (config hash, world size), stored flat too."""
+
+    def __init__(self, root: str | Path, keep: int = 2, states: Mapping[str, Stateful] | None = None,
+                 identity: Mapping[str, Any] | None = None):  # fmt: skip
         if keep < 2:
             raise ValueError(f"keep={keep}: at least 2 checkpoints are kept, so a failed write never leaves none")
         self.root, self.keep = Path(root), keep
+        self.states, self.identity = dict(states or {}), dict(identity or {})
+
+    def save(self, step: int, write: Callable[[Path], dict[str, Any]]) -> Path:
+        """Checkpoint `step`: an empty folder, the ranks' data through `write(folder)` (a collective; it returns
+        what the record keeps of the ranks: weight names, RNG states, LR schedule), then the commit record with
+        every named state and the identity, written last."""
+        folder = self.prepare(step)
+        record = {"step": step, **write(folder)}
+        for name, state in self.states.items():
+            record |= state.state_dict() if name == "" else {name: state.state_dict()}
+        return self.commit(folder, record | self.identity)
+
+    def load(self, folder: Path | None = None, states: bool = True) -> tuple[Path | None, dict[str, Any] | None]:
+        """The latest committed checkpoint (or `folder`) and its record, checked against the identity; with
+        `states`, every named state is restored from it. (None, None) when there is none."""
+        folder = folder or self.latest()
+        if folder is None:
+            return None, None
+        record = self.read_record(folder, expect=self.identity)
+        if states:
+            self.restore(record)
+        return folder, record
+
+    def restore(self, record: dict[str, Any]) -> None:
+        """Every named state from a commit record."""
+        for name, state in self.states.items():
+            state.load_state_dict(record if name == "" else record[name])
 
     def committed(self) -> list[Path]:
         """Committed checkpoint folders, oldest first."""
@@ -126,24 +166,6 @@ class CheckpointManager:
             shutil.rmtree(old, ignore_errors=True)
         return folder
 
-    def save(self, step: int, module: torch.nn.Module, optimizer, trainer_state: dict[str, Any]) -> Path:
-        """Write checkpoint `step` from the ranks of this process group (or one process): DCP data first, then the
-        commit record (rank 0), then retention."""
-        import torch.distributed as dist
-
-        folder = self.folder(step)
-        rank0 = not dist.is_initialized() or dist.get_rank() == 0
-        if rank0:
-            self.prepare(step)
-        if dist.is_initialized():
-            dist.barrier()
-        model_keys = self.write_data(folder, module, optimizer)
-        if dist.is_initialized():
-            dist.barrier()
-        if rank0:
-            self.commit(folder, {"step": step, "model_keys": model_keys, **trainer_state})
-        return folder
-
     @staticmethod
     def read_record(folder: Path, expect: dict[str, Any] | None = None) -> dict[str, Any]:
         """A checkpoint's trainer state; `expect`: keys (config_hash, world_size) that must match the stored ones."""
@@ -160,23 +182,23 @@ class CheckpointManager:
                 )
         return record
 
-    def load(
-        self,
+    @classmethod
+    def read_data(
+        cls,
         folder: Path,
         module: torch.nn.Module,
         optimizer,
-        expect: dict[str, Any] | None = None,
         extra: dict[str, Any] | None = None,
         weights_only: bool = False,
     ) -> dict[str, Any]:
-        """Restore weights and optimizer (every rank of the group, or one process) from `folder`; returns its
-        trainer state. `extra`: tensors to fill in place (e.g. the EMA shadow). `weights_only`: the trained weights
-        alone (a new stage starts from them with a fresh optimizer)."""
+        """Every rank: restore weights and optimizer from `folder` (through DCP); returns its commit record.
+        `extra`: tensors to fill in place (e.g. the EMA shadow). `weights_only`: the trained weights alone (a new
+        stage starts from them with a fresh optimizer)."""
         import torch.distributed.checkpoint as dcp
         from torch.distributed.checkpoint.api import CheckpointException
         from torch.distributed.checkpoint.state_dict import get_state_dict, set_model_state_dict, set_state_dict
 
-        record = self.read_record(folder, expect)
+        record = cls.read_record(folder)
         model_state, optim_state = get_state_dict(module, optimizer, options=_options())
         if sorted(model_state) != record["model_keys"]:
             missing = sorted(set(record["model_keys"]) ^ set(model_state))[:5]

@@ -46,7 +46,7 @@ def load_checkpoint_adapter(folder: Path):
     model = config.model.model_copy(update={"text_embedding_cache": None})
     adapter = build_family(model, config.sampling, device="cpu")
     optimizer = torch.optim.AdamW(adapter.parameters(), lr=0.0)
-    CheckpointManager(folder.parent).load(folder, adapter.trainable, optimizer, weights_only=True)
+    CheckpointManager.read_data(folder, adapter.trainable, optimizer, weights_only=True)
     return config, adapter
 
 

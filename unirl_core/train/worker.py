@@ -1,5 +1,6 @@
-"""One data-parallel rank of a training round: the adapter with its FSDP2-sharded trained module, the reward
-service and the train stack, driven by the controller (`unirl_core.trainer`) one call at a time.
+"""One data-parallel rank of a training round: the model family with its FSDP2-sharded trained module, the reward
+service and the train stack, driven by the controller (`unirl_core.trainer`) one call at a time, as a Ray actor or
+in the controller's own process (`--local`).
 
 Rollouts use the trained module itself (colocated: no weight sync). Every rank receives an equal share of whole
 GRPO groups, so every rank runs the same number of forward passes (FSDP's collectives need that).
@@ -13,7 +14,7 @@ from typing import Any
 
 import torch
 
-from unirl_core.distributed.worker_group import TorchWorker
+from unirl_core.distributed.rank import TorchWorker
 
 
 class TrainWorker(TorchWorker):
@@ -147,9 +148,8 @@ class TrainWorker(TorchWorker):
         weights with its own optimizer; otherwise also optimizer, scheduler, EMA and this rank's RNG state."""
         from unirl_core.train.checkpoint import CheckpointManager, set_rng_state
 
-        manager = CheckpointManager(Path(folder).parent)
-        manager.load(Path(folder), self.adapter.trainable, self.stack.optimizer, extra=self._extra(),
-                     weights_only=weights_only)  # fmt: skip
+        CheckpointManager.read_data(Path(folder), self.adapter.trainable, self.stack.optimizer, extra=self._extra(),
+                                    weights_only=weights_only)  # fmt: skip
         if weights_only:
             if self.ema:  # the new stage's EMA starts from the loaded weights
                 for shadow, parameter in zip(self.ema.shadow, self.ema.parameters, strict=True):

@@ -155,19 +155,18 @@ def test_lr_schedules_warm_up_then_hold_or_decay_to_zero():
 
 
 def test_per_prompt_std_mode_uses_the_tracker_and_clips():
-    from types import SimpleNamespace
 
+    from unirl_core.algorithms.advantages import compute_advantages
     from unirl_core.config.schema import AlgorithmConfig
-    from unirl_core.train.local import compute_advantages
 
     algorithm = AlgorithmConfig(std_mode="per_prompt", tracker_min_count=2, adv_clip=1.5)
     tracker = PerPromptStatTracker(algorithm.tracker_buffer_size, algorithm.tracker_min_count)
-    samples = [SimpleNamespace(example=SimpleNamespace(prompt=p)) for p in ["a", "a", "b", "b"]]
-    advantages, stats = compute_advantages(algorithm, tracker, samples, [1.0, 3.0, 10.0, 10.0], 2)
+    prompts = ["a", "a", "b", "b"]
+    advantages, stats = compute_advantages(algorithm, tracker, prompts, [1.0, 3.0, 10.0, 10.0], 2)
     # each prompt already has 2 rewards: its own mean/std; equal rewards -> 0 and counted in zero_std_ratio
     assert advantages.tolist() == pytest.approx([-1.0, 1.0, 0.0, 0.0], abs=1e-4)
     assert stats["zero_std_ratio"] == 0.5
-    advantages, _ = compute_advantages(algorithm, tracker, samples, [100.0, 3.0, 10.0, 10.0], 2)
+    advantages, _ = compute_advantages(algorithm, tracker, prompts, [100.0, 3.0, 10.0, 10.0], 2)
     assert advantages.abs().max().item() == 1.5  # adv_clip
 
 

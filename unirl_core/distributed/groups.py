@@ -1,0 +1,38 @@
+"""The transport of a training round: N Ray workers (a local Ray started for the round, or an existing cluster)
+or one rank in this process (`local`). Both groups take the same calls, so the controller is one loop."""
+
+from __future__ import annotations
+
+import contextlib
+import math
+from collections.abc import Iterator
+from pathlib import Path
+
+
+@contextlib.contextmanager
+def worker_group(worker_cls: type, ray_config, record: Path, local: bool = False) -> Iterator:
+    """`local`: a `LocalGroup` of `worker_cls` (train.ray.workers must be 1). Otherwise a `WorkerGroup` of
+    `ray_config.workers` actors in the cluster of `ray_config.address` (a local Ray started and stopped around it
+    when empty, its processes recorded in `record` for the flow's teardown hooks)."""
+    backend = None if ray_config.backend == "auto" else ray_config.backend
+    if local:
+        from unirl_core.distributed.local_group import LocalGroup
+
+        assert ray_config.workers == 1, "an in-process group has one rank: set train.ray.workers=1"
+        with LocalGroup(worker_cls, backend, ray_config.collective_timeout_s) as group:
+            yield group
+        return
+    from unirl_core.distributed.cluster import ray_cluster
+    from unirl_core.distributed.worker_group import WorkerGroup
+
+    resources = {"num_cpus": int(ray_config.workers * ray_config.cpus_per_worker) or 1}
+    if ray_config.gpus_per_worker:
+        resources["num_gpus"] = int(math.ceil(ray_config.workers * ray_config.gpus_per_worker))
+    with (
+        ray_cluster(ray_config.address, **resources, record=record),
+        WorkerGroup(
+            ray_config.workers, worker_cls, ray_config.cpus_per_worker, ray_config.gpus_per_worker, backend,
+            collective_timeout_s=ray_config.collective_timeout_s,
+        ) as group,
+    ):  # fmt: skip
+        yield group

@@ -1,0 +1,59 @@
+"""One rank of a worker group, and how the controller names a rank's methods.
+
+`TorchWorker` is the base class of every rank: Ray runs it as an actor (`WorkerGroup`), `LocalGroup` calls it in
+this process. The controller calls a method by reference (`group.run(TrainWorker.build, ...)`), never by a string,
+so a call site and its definition stay linked.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from unirl_core.distributed.process_group import free_port, init_process_group
+
+
+class TorchWorker:
+    """One rank. Subclass it for real work; every public method can be called on the whole group."""
+
+    def rendezvous_address(self) -> tuple[str, int]:
+        """This worker's node address and a port free on it: where the process group meets (rank 0's)."""
+        import ray
+
+        address = ray.util.get_node_ip_address()
+        return address, free_port(address)
+
+    def setup(
+        self, rank: int, world_size: int, master_addr: str, master_port: int, backend: str | None, timeout_s: int = 300
+    ) -> str:
+        self.rank, self.world_size = rank, world_size
+        return init_process_group(rank, world_size, master_addr, master_port, backend, timeout_s)
+
+    def device_for(self, gpus: float) -> torch.device:
+        """This worker's torch device: its Ray-assigned GPU (visible as cuda:0) when it has one, the current CUDA
+        device in this process, else the CPU."""
+        if not (gpus and torch.cuda.is_available()):
+            return torch.device("cpu")
+        import ray
+
+        return torch.device("cuda", 0 if ray.is_initialized() and ray.get_gpu_ids() else torch.cuda.current_device())
+
+    def all_reduce_sum(self, values: list[float]) -> list[float]:
+        tensor = torch.tensor(values, dtype=torch.float64)
+        dist.all_reduce(tensor, op=dist.ReduceOp.SUM)
+        return tensor.tolist()
+
+    def teardown(self) -> None:
+        if dist.is_initialized():
+            dist.destroy_process_group()
+
+
+def method_name(method: Callable[..., Any]) -> str:
+    """The name of a worker method given by reference (`TrainWorker.rollout`)."""
+    name = getattr(method, "__name__", None)
+    if not callable(method) or name is None or "." not in getattr(method, "__qualname__", ""):
+        raise TypeError(f"{method!r}: call a worker method by reference, e.g. group.run(TrainWorker.build, ...)")
+    return name

@@ -1,0 +1,13 @@
+"""The built-in reward names, for validating a recipe without building any scorer (config imports this leaf, not
+the registry, so config and rewards never import each other in a circle)."""
+
+from __future__ import annotations
+
+from unirl_core.rewards.functions import REWARDS
+
+MODEL_REWARDS = {"clip_score": "clip", "aesthetic": "aesthetic"}  # reward name -> its RewardConfig section
+
+
+def builtin_names() -> set[str]:
+    """Names that need no `remote` entry: the weight-free rewards and the model rewards."""
+    return set(REWARDS) | set(MODEL_REWARDS)

@@ -1,0 +1,116 @@
+"""The round plan and what is refused before any round starts.
+
+plan_rounds(config)          -> warm-up rounds, then RL rounds, over one global step count
+validate(config, precache)   -> TrainingConfigError with the arithmetic, before any Prefect or Ray work
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+from unirl_core.config.schema import TrainConfig
+from unirl_core.errors import UserError
+
+
+class TrainingConfigError(UserError, ValueError):
+    """A recipe that cannot train as configured (the message shows the arithmetic); never retried."""
+
+
+class RoundDeadlineError(TimeoutError):
+    """The round ran past `train.ray.round_timeout_s`; its committed checkpoints remain, a retry resumes."""
+
+
+@dataclass(frozen=True)
+class Round:
+    stage: str  # "warmup" or "rl"
+    index: int  # 0-based within the stage
+    first: int  # first global step (inclusive)
+    end: int  # last global step + 1
+    stage_start: int  # global step of the stage's step 0
+
+    @property
+    def name(self) -> str:
+        return f"{self.stage} round {self.index}"
+
+
+def plan_rounds(config: TrainConfig) -> list[Round]:
+    """Warm-up steps are global steps 0..W-1, RL steps W..W+S-1; each stage is cut into its rounds."""
+    rounds: list[Round] = []
+    start = 0
+    for stage, steps, per_round in (
+        ("warmup", config.warmup.steps, config.warmup.steps_per_round),
+        ("rl", config.steps, config.steps_per_round),
+    ):
+        per_round = per_round or max(steps, 1)
+        for index, first in enumerate(range(0, steps, per_round)):
+            rounds.append(Round(stage, index, start + first, start + min(steps, first + per_round), start))
+        start += steps
+    return rounds
+
+
+def validate(config: TrainConfig, precache=None) -> None:
+    """Refuse up front what would fail mid-round, with the arithmetic."""
+    problems = [f"train.{path}: {value!r} must be {message}" for path, value, message in config.distributed_problems()]
+    problems += _data_problems(config) + _size_problems(config) + _warmup_problems(config, precache)
+    if problems:
+        raise TrainingConfigError("training cannot start:\n  " + "\n  ".join(problems))
+
+
+def _data_problems(config: TrainConfig) -> list[str]:
+    from unirl_core.data.sources import build_source
+
+    try:
+        source = build_source(config.data)
+    except ValueError as exc:
+        raise TrainingConfigError(f"training cannot start: train.data: {exc}") from None
+    available = getattr(source, "prompts", None)
+    if available is not None and len(available) < config.data.prompts_per_rollout:
+        return [
+            f"train.data.prompts_per_rollout: {config.data.prompts_per_rollout} prompts per rollout, but the source "
+            f"has only {len(available)} prompts; lower it or add prompts"
+        ]
+    return []
+
+
+def _size_problems(config: TrainConfig) -> list[str]:
+    from unirl_core.models.registry import UnknownFamilyError, family_class
+
+    try:
+        factor = family_class(config.model.family).latent_stride
+    except UnknownFamilyError as exc:
+        raise TrainingConfigError(f"training cannot start: train.model.family: {exc}") from None
+    return [
+        f"train.sampling.{key}: {getattr(config.sampling, key)} must be a multiple of {factor} (the "
+        f"{config.model.family} family's pixels per latent token: VAE stride x patch size)"
+        for key in ("height", "width")
+        if getattr(config.sampling, key) % factor
+    ]
+
+
+def _warmup_problems(config: TrainConfig, precache) -> list[str]:
+    if not config.warmup.steps:
+        return []
+    if precache is None:
+        return [
+            f"train.warmup.steps: {config.warmup.steps} warm-up steps need the recipe's `precache` section (the "
+            "precached latents and text conditioning to train on)"
+        ]
+    keys = [e.key for e in precache.encodings]
+    return [
+        f"train.warmup.{name}: {getattr(config.warmup, name)!r} is not an encoding of the recipe's precache "
+        f"section (it has {keys})"
+        for name in ("latent_key", "text_key")
+        if getattr(config.warmup, name) not in keys
+    ]
+
+
+def output_dir(config: TrainConfig) -> Path:
+    if not config.output_dir:
+        raise TrainingConfigError("train.output_dir is empty: load the recipe with load_recipe (it fills it in)")
+    if "://" in config.output_dir and not config.output_dir.startswith("file://"):
+        raise TrainingConfigError(
+            f"train.output_dir={config.output_dir!r}: training rounds write checkpoints to a local or shared "
+            "filesystem path (mount the bucket, e.g. with a CSI driver, on every node)"
+        )
+    return Path(config.output_dir.removeprefix("file://"))
