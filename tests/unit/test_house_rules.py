@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import ast
+import graphlib
 from pathlib import Path
 
 CORE = Path(__file__).resolve().parents[2] / "unirl_core"
@@ -49,3 +50,122 @@ def test_tests_cannot_reach_the_network():
 
     with socket.socket() as s, pytest.raises(RuntimeError, match="tests never download anything"):
         s.connect(("93.184.216.34", 443))
+
+
+def module_name(path: Path, root: Path) -> str:
+    """unirl_core/models/family.py -> unirl_core.models.family; a package's __init__.py -> the package."""
+    parts = [root.name, *path.relative_to(root).with_suffix("").parts]
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def imported_targets(node: ast.Import | ast.ImportFrom, importer: str, is_package: bool, modules: set[str]):
+    """The package's modules one import statement names: `import a.b` -> a.b; `from a import n` -> a.n where that is
+    a module, else a (n is defined in a's __init__); relative imports resolved against the importer's package."""
+    if isinstance(node, ast.Import):
+        return [alias.name for alias in node.names]
+    base = node.module or ""
+    if node.level:
+        package = importer.split(".") if is_package else importer.split(".")[:-1]
+        anchor = package[: len(package) - (node.level - 1)]
+        base = ".".join([*anchor, *([node.module] if node.module else [])])
+    return [f"{base}.{alias.name}" if f"{base}.{alias.name}" in modules else base for alias in node.names]
+
+
+def import_graph(root: Path) -> dict[str, set[str]]:
+    """module -> the modules of the package at `root` that it imports anywhere in its file: at module level, inside
+    functions, under `if TYPE_CHECKING:`. Imports from outside the package are left out, and so is the implicit run of
+    a parent package's __init__ when a submodule is imported (a package being initialised is not a dependency)."""
+    files = {module_name(path, root): path for path in sorted(root.rglob("*.py"))}
+    modules, graph = set(files), {}
+    for module, path in files.items():
+        is_package = path.name == "__init__.py"
+        graph[module] = set()
+        for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
+            if isinstance(node, ast.Import | ast.ImportFrom):
+                graph[module].update(imported_targets(node, module, is_package, modules))
+        graph[module] = {target for target in graph[module] if target in modules and target != module}
+    return graph
+
+
+def import_cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """One concrete cycle per strongly connected group of modules (a group of two or more imports itself in a
+    circle), each starting at its smallest module name; [] when the graph has no cycle."""
+    cycles = []
+    for group in strongly_connected(graph):
+        if len(group) < 2:
+            continue
+        subgraph = {module: sorted(graph[module] & group) for module in sorted(group)}  # sorted: the same cycle
+        try:
+            graphlib.TopologicalSorter(subgraph).prepare()
+        except graphlib.CycleError as error:
+            cycle = error.args[1][:0:-1]  # graphlib: [a, ..., a], each an import *of* the next: reversed
+            start = cycle.index(min(cycle))
+            cycles.append(cycle[start:] + cycle[:start])
+    return sorted(cycles)
+
+
+def strongly_connected(graph: dict[str, set[str]]) -> list[set[str]]:
+    """Tarjan's strongly connected components."""
+    index, low, stack, on_stack, groups = {}, {}, [], set(), []
+
+    def visit(node: str) -> None:
+        index[node] = low[node] = len(index)
+        stack.append(node)
+        on_stack.add(node)
+        for target in sorted(graph.get(node, ())):
+            if target not in index:
+                visit(target)
+                low[node] = min(low[node], low[target])
+            elif target in on_stack:
+                low[node] = min(low[node], index[target])
+        if low[node] == index[node]:
+            group = set()
+            while not group or node not in group:
+                group.add(stack.pop())
+            on_stack.difference_update(group)
+            groups.append(group)
+
+    for node in sorted(graph):
+        if node not in index:
+            visit(node)
+    return groups
+
+
+def test_the_core_has_no_import_cycles():
+    graph = import_graph(CORE)
+    # the scan sees module-level and function-level imports
+    assert "unirl_core.models.family" in graph["unirl_core.models.registry"]
+    assert "unirl_core.workspace" in graph["unirl_core.models.registry"]  # inside resolve_model_path
+    cycles = import_cycles(graph)
+    groups = sorted(sorted(group) for group in strongly_connected(graph) if len(group) > 1)
+    assert cycles == [], (
+        "import cycles in unirl_core:\n"
+        + "\n".join(" -> ".join([*cycle, cycle[0]]) for cycle in cycles)
+        + f"\nmodules in a circle with one another: {groups}"
+    )
+
+
+def test_the_cycle_check_finds_a_circle_through_function_level_and_relative_imports(tmp_path):
+    files = {
+        "__init__.py": "VERSION = 1\n",
+        "a.py": "from pkg import b\n",  # a name that is a submodule: an import of pkg.b
+        "b.py": "def step():\n    from .sub.c import finish\n    return finish()\n",  # function level, relative
+        "sub/__init__.py": "",
+        "sub/c.py": "from .. import VERSION\n\ndef finish():\n    import pkg.a\n    return pkg.a\n",
+        "d.py": "import os\nfrom . import a\n",  # imports into the circle, not part of it
+    }
+    for name, text in files.items():
+        (tmp_path / "pkg" / name).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / "pkg" / name).write_text(text)
+    graph = import_graph(tmp_path / "pkg")
+    assert graph == {
+        "pkg": set(),
+        "pkg.a": {"pkg.b"},
+        "pkg.b": {"pkg.sub.c"},
+        "pkg.sub": set(),
+        "pkg.sub.c": {"pkg", "pkg.a"},
+        "pkg.d": {"pkg.a"},
+    }
+    assert import_cycles(graph) == [["pkg.a", "pkg.b", "pkg.sub.c"]]
+    (tmp_path / "pkg" / "sub" / "c.py").write_text("def finish():\n    return 1\n")
+    assert import_cycles(import_graph(tmp_path / "pkg")) == []
