@@ -133,3 +133,21 @@ def test_rollout_rl_step_warmup_step_and_exports(config, tmp_path):
         adapter.export_merged(tmp_path / "merged", folder)
         pipeline = StableDiffusion3Pipeline.from_pretrained(str(tmp_path / "merged"))
         torch.testing.assert_close(velocity(pipeline.transformer, cond), trained, atol=1e-5, rtol=1e-4)
+
+
+def test_the_whole_training_runs_the_family_through_the_one_controller(config, tmp_path):
+    """The controller, the worker (FSDP2), checkpoints, metrics and the export with nothing but the family's file:
+    `train_in_process` on one rank in this process, where `register` is visible."""
+    from unirl_core.trainer import train_in_process
+
+    one_rank = config.model_copy(update={
+        "output_dir": str(tmp_path), "steps": 2, "eval_every_rounds": 0,
+        "ray": config.ray.model_copy(update={"workers": 1}),
+    })  # fmt: skip
+    rows: list[dict] = []
+    summary = train_in_process(one_rank, "dummy-family", on_step=rows.append)
+    assert [row["step"] for row in rows] == [0, 1] and rows[0]["ratio_mean"] == 1.0
+    assert all(row["grad_norm"] > 0 for row in rows)
+    assert summary.rounds[0].checkpoint.endswith("step_00000001")
+    assert (tmp_path / "export" / "step_00000001" / "adapter_model.safetensors").is_file()
+    assert summary.model_version is not None  # registered in MLflow

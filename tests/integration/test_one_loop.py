@@ -51,4 +51,5 @@ def test_one_and_two_workers_give_the_same_rewards(ray_local, tmp_path):
     for key in ("loss", "grad_norm", "ratio_mean"):
         largest = max(abs(a[key] - b[key]) for a, b in zip(one, two, strict=True))
         scale = max(abs(a[key]) for a in one) or 1.0
+        print(f"1 vs 2 workers, {STEPS} steps: largest {key} difference {largest:.3g} (largest value {scale:.3g})")
         assert largest <= 1e-5 * scale + 1e-8, (key, largest)  # summation order only

@@ -307,14 +307,9 @@ def run_round(
     deadline = started + config.ray.round_timeout_s
     latest, record = latest_record(config)
     plan = {"round": round_.name, "first_step": round_.first, "end_step": round_.end}
-    done_through = record["global_step"] if record else -1
+    done_through = _done_through(round_, record)
     if done_through >= round_.end - 1:
         return RoundSummary(**plan, skipped=True, checkpoint=str(latest), resumed_from=done_through)
-    if done_through < round_.first - 1:
-        raise CheckpointError(
-            f"{round_.name} starts at step {round_.first} but the latest committed checkpoint is step "
-            f"{done_through}: run the earlier rounds first"
-        )
     output_dir(config).mkdir(parents=True, exist_ok=True)
     tracker = open_tracker(config, run_name, tags)
     if round_.first == 0 and record is None:
@@ -332,6 +327,17 @@ def run_round(
         **plan, **evals, **outputs, checkpoint=str(controller.last_checkpoint), resumed_from=done_through,
         shard_elements=shards, metrics=metrics, mlflow_run_id=tracker.run_id, seconds=time.monotonic() - started,
     )  # fmt: skip
+
+
+def _done_through(round_: Round, record: dict | None) -> int:
+    """The last committed global step (-1: none); a round cannot start past a gap."""
+    done_through = record["global_step"] if record else -1
+    if done_through < round_.first - 1:
+        raise CheckpointError(
+            f"{round_.name} starts at step {round_.first} but the latest committed checkpoint is step "
+            f"{done_through}: run the earlier rounds first"
+        )
+    return done_through
 
 
 def _log_inputs(tracker, config: TrainConfig, precache) -> None:
