@@ -1,4 +1,4 @@
-"""One full GRPO step (rollout + reward + train) on the single-process runner: images/s and the phase split.
+"""One full GRPO step (rollout + reward + train) on the bare loop (bare_loop.py): images/s and the phase split.
 
     .venv/bin/python benchmarks/rl_step.py [--steps 3] [--device cpu] [--models tiny-sd3,tiny-sd15,mid-sd3]
     .venv/bin/python benchmarks/rl_step.py --device cuda --dtype bfloat16 --models large-sd3   # on a GPU

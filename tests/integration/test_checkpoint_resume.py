@@ -54,15 +54,16 @@ def test_a_run_stopped_mid_way_resumes_with_exactly_the_uninterrupted_steps(tmp_
 
 
 def test_partial_writes_are_ignored_retention_keeps_two_and_errors_name_the_file(tmp_path):
-    train = config(**{"train.steps": 4, "train.checkpoint_every": 1})
+    train = config(**{"train.steps": 5, "train.checkpoint_every": 1})
     root = tmp_path / "checkpoints"
-    train_locally(train, tmp_path)
+    with pytest.raises(Killed):  # steps 0-3 committed, step 4 logged and lost
+        train_locally(train, tmp_path, on_step=kill_after(4))
     manager = CheckpointManager(root)
     assert [p.name for p in manager.committed()] == ["step_00000002", "step_00000003"]  # keep=2, oldest deleted
     (root / "step_00000009").mkdir()  # a write killed before its commit record
     (root / "step_00000009" / "__0_0.distcp").write_bytes(b"half")
     assert manager.latest().name == "step_00000003"
-    resumed = train_locally(config(**{"train.steps": 5, "train.checkpoint_every": 1}), tmp_path)
+    resumed = train_locally(train, tmp_path)
     assert [m["step"] for m in resumed] == [4]
     assert not (root / "step_00000009").exists()  # cleaned by the next save
     latest = manager.latest()
@@ -71,7 +72,7 @@ def test_partial_writes_are_ignored_retention_keeps_two_and_errors_name_the_file
     adapter = build_family(train.model, train.sampling)
     with pytest.raises(CheckpointError, match=r"step_00000004.*distcp"):
         CheckpointManager.read_data(latest, adapter.trainable, torch.optim.AdamW(adapter.parameters()))
-    changed = config(**{"train.algorithm.learning_rate": "0.05", "train.steps": 6})
+    changed = config(**{"train.algorithm.learning_rate": "0.05", "train.steps": 5})
     with pytest.raises(CheckpointError, match="config_hash"):
         train_locally(changed, tmp_path)
 

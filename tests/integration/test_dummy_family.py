@@ -36,8 +36,13 @@ SMALL = [
 
 @pytest.fixture(scope="module")
 def config():
-    register(DummyFamily)
-    return load_recipe("demo", SMALL).train
+    """The dummy family registered for this module only (the registry is process-wide)."""
+    from unirl_core.models import registry
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(registry, "_REGISTERED", dict(registry._REGISTERED))
+        register(DummyFamily)
+        yield load_recipe("demo", SMALL).train
 
 
 def snapshot(adapter) -> list[torch.Tensor]:

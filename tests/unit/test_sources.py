@@ -6,7 +6,7 @@ import pytest
 
 from unirl_core.config import DataConfig
 from unirl_core.data.groups import expand_groups
-from unirl_core.data.prompts import PromptExample
+from unirl_core.data.prompts import PromptExample, load_prompts
 from unirl_core.data.sources import (
     SMOKE_PROMPTS,
     FilePromptSource,
@@ -151,3 +151,22 @@ def test_groups_repeat_each_prompt_late_with_adjacent_siblings():
     }
     with pytest.raises(ValueError):
         expand_groups(batch, samples_per_prompt=0)
+
+
+def test_a_prompt_file_is_parsed_once_per_process_until_it_changes(tmp_path, monkeypatch):
+    """Validation, the inputs log and each round's controller build a source before the first step: one parse."""
+    import os
+
+    import unirl_core.data.sources as sources
+
+    path = tmp_path / "once.txt"
+    path.write_text("".join(f"prompt {i}\n" for i in range(6)))
+    parsed = []
+    monkeypatch.setattr(sources, "load_prompts", lambda *a, **k: parsed.append(a) or load_prompts(*a, **k))
+    for _ in range(5):
+        assert len(FilePromptSource(str(path), prompts_per_rollout=2).prompts) == 6
+    assert len(parsed) == 1
+    path.write_text("".join(f"other {i}\n" for i in range(7)))  # a new version: parsed again
+    os.utime(path, ns=(1, 1))
+    assert [p.prompt for p in FilePromptSource(str(path), prompts_per_rollout=2, shuffle=False).prompts][0] == "other 0"
+    assert len(parsed) == 2

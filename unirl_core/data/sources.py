@@ -13,6 +13,7 @@ A dotted class path (`mypkg.sources.MySource`) selects any class with the same c
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import importlib
 import logging
@@ -23,6 +24,7 @@ import numpy as np
 
 from unirl_core.data.prompts import PromptExample, load_prompts
 from unirl_core.data.resume import EpochCursor
+from unirl_core.io import storage
 
 logger = logging.getLogger(__name__)
 
@@ -121,8 +123,19 @@ class FilePromptSource(PromptListSource):
         if not data_path:
             raise ValueError("the file prompt source needs train.data.data_path (a .txt, .jsonl or .json file)")
         self.data_path = data_path
-        prompts = load_prompts(data_path, prompt_key=prompt_key)
-        super().__init__(prompts, prompts_per_rollout, shuffle=shuffle, seed=seed, origin=data_path)
+        try:
+            version = storage.version(data_path)
+        except FileNotFoundError:
+            version = "missing"  # load_prompts names the file in its error
+        prompts = _parsed_prompts(data_path, prompt_key, version)
+        super().__init__(list(prompts), prompts_per_rollout, shuffle=shuffle, seed=seed, origin=data_path)
+
+
+@functools.lru_cache(maxsize=8)
+def _parsed_prompts(data_path: str, prompt_key: str, version: str) -> tuple[PromptExample, ...]:
+    """A prompt file parsed once per process and version (validation, the inputs log and each round's controller
+    build a source from it before the first step)."""
+    return tuple(load_prompts(data_path, prompt_key=prompt_key))
 
 
 SMOKE_PROMPTS = (

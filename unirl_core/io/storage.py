@@ -62,6 +62,15 @@ def size(path: str) -> int:
     return fs.size(fs_path)
 
 
+def version(path: str) -> str:
+    """What changes when the file at `path` changes: its size with its modification time (local) or ETag/version
+    (object stores), as far as the filesystem reports them."""
+    fs, fs_path = fsspec.core.url_to_fs(str(path))
+    info = fs.info(fs_path)
+    stamp = [info.get(k) for k in ("size", "mtime", "ETag", "etag", "VersionId", "LastModified", "last_modified")]
+    return repr(stamp)
+
+
 def write_bytes_atomic(path: str, data: bytes) -> None:
     """Write `data` so that `path` holds either nothing (or its old content) or all of `data`."""
     if is_url(path):
