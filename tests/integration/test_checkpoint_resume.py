@@ -9,7 +9,7 @@ from local_training import comparable, on_one_rank, train_locally
 
 from unirl_core.config import load_recipe
 from unirl_core.models.registry import build_family
-from unirl_core.train.checkpoint import CheckpointError, CheckpointManager
+from unirl_core.train.checkpoint import CheckpointError, CheckpointManager, ModelState, OptimizerState, RankCheckpoint
 
 pytestmark = pytest.mark.slow
 
@@ -24,8 +24,7 @@ def config(**overrides):
 
 def trained_weights(train_config, folder):
     adapter = build_family(train_config.model, train_config.sampling)
-    optimizer = torch.optim.AdamW(adapter.parameters())
-    CheckpointManager.read_data(folder, adapter.trainable, optimizer)
+    RankCheckpoint({"model": ModelState(adapter.trainable)}).load(folder, weights_only=True)
     return {n: p.detach().clone() for n, p in adapter.trainable.named_parameters() if p.requires_grad}
 
 
@@ -71,7 +70,8 @@ def test_partial_writes_are_ignored_retention_keeps_two_and_errors_name_the_file
     data.write_bytes(b"\x00" * data.stat().st_size)
     adapter = build_family(train.model, train.sampling)
     with pytest.raises(CheckpointError, match=r"step_00000004.*distcp"):
-        CheckpointManager.read_data(latest, adapter.trainable, torch.optim.AdamW(adapter.parameters()))
+        optimizer = OptimizerState(adapter.trainable, torch.optim.AdamW(adapter.parameters()))
+        RankCheckpoint({"model": ModelState(adapter.trainable), "optim": optimizer}).load(latest)
     changed = config(**{"train.algorithm.learning_rate": "0.05", "train.steps": 5})
     with pytest.raises(CheckpointError, match="config_hash"):
         train_locally(changed, tmp_path)

@@ -9,9 +9,12 @@ and deletes older ones only after the new one committed. The trainer state holds
 advantage-tracker state, the LR scheduler, every RNG state (torch, numpy, python; per rank), the config hash and the
 world size, so a resumed run continues with exactly the next sample and the same random draws.
 
-Weights and optimizer go through `torch.distributed.checkpoint` (DCP) with `get_state_dict`/`set_state_dict`, so
-the same code saves a plain module in one process and an FSDP2-sharded one across ranks (one `.distcp` per rank).
-With LoRA only the trainable parameters are stored.
+Named states on both sides, each with `state_dict()`/`load_state_dict()` (torchtitan's `CheckpointManager(states=...)`):
+the controller's `CheckpointManager(states={"": progress, "source": ..., "tracker": ..., "warmup_data": ...})` puts
+them in the commit record and `load()` restores them; each rank's `RankCheckpoint({"model", "optim", "ema"},
+{"rng", "scheduler"})` writes its tensor states through `torch.distributed.checkpoint` (DCP, the same code for a
+plain module in one process and FSDP2 shards across ranks, one `.distcp` per rank) and hands its JSON states to the
+controller. With LoRA only the trainable parameters are stored.
 """
 
 from __future__ import annotations
@@ -148,19 +151,8 @@ class CheckpointManager:
         folder.mkdir(parents=True)
         return folder
 
-    @staticmethod
-    def write_data(folder: Path, module: torch.nn.Module, optimizer, extra: dict[str, Any] | None = None) -> list[str]:
-        """Every rank: weights (trainable ones), optimizer and `extra` tensors (e.g. the EMA shadow) through DCP,
-        one `.distcp` per rank. Returns the stored weight names."""
-        import torch.distributed.checkpoint as dcp
-        from torch.distributed.checkpoint.state_dict import get_state_dict
-
-        model_state, optim_state = get_state_dict(module, optimizer, options=_options())
-        dcp.save({"model": model_state, "optim": optim_state, **(extra or {})}, checkpoint_id=str(folder))
-        return sorted(model_state)
-
     def commit(self, folder: Path, record: dict[str, Any]) -> Path:
-        """One process, after every rank's `write_data` returned: the commit record, then retention."""
+        """One process, after every rank's `RankCheckpoint.save` returned: the commit record, then retention."""
         write_bytes_atomic(str(folder / STATE_FILE), json.dumps(record, indent=1, sort_keys=True).encode())
         for old in self.committed()[: -self.keep]:
             shutil.rmtree(old, ignore_errors=True)
@@ -182,43 +174,6 @@ class CheckpointManager:
                 )
         return record
 
-    @classmethod
-    def read_data(
-        cls,
-        folder: Path,
-        module: torch.nn.Module,
-        optimizer,
-        extra: dict[str, Any] | None = None,
-        weights_only: bool = False,
-    ) -> dict[str, Any]:
-        """Every rank: restore weights and optimizer from `folder` (through DCP); returns its commit record.
-        `extra`: tensors to fill in place (e.g. the EMA shadow). `weights_only`: the trained weights alone (a new
-        stage starts from them with a fresh optimizer)."""
-        import torch.distributed.checkpoint as dcp
-        from torch.distributed.checkpoint.api import CheckpointException
-        from torch.distributed.checkpoint.state_dict import get_state_dict, set_model_state_dict, set_state_dict
-
-        record = cls.read_record(folder)
-        model_state, optim_state = get_state_dict(module, optimizer, options=_options())
-        if sorted(model_state) != record["model_keys"]:
-            missing = sorted(set(record["model_keys"]) ^ set(model_state))[:5]
-            raise CheckpointError(f"{folder}: the trained parameters differ from the checkpoint's (e.g. {missing})")
-        state = (
-            {"model": model_state} if weights_only else {"model": model_state, "optim": optim_state, **(extra or {})}
-        )
-        try:
-            dcp.load(state, checkpoint_id=str(folder))
-        except (CheckpointException, Exception) as exc:  # DCP's wrapper of per-rank failures is a BaseException
-            files = sorted(p.name for p in folder.iterdir() if p.name != STATE_FILE)
-            reason = str(exc).strip().splitlines()[-1][:300]
-            raise CheckpointError(f"{folder}: cannot load checkpoint data {files}: {reason}") from None
-        if weights_only:
-            set_model_state_dict(module, state["model"], options=_options())
-        else:  # `extra` tensors were filled in place by dcp.load
-            set_state_dict(module, optimizer, model_state_dict=state["model"], optim_state_dict=state["optim"],
-                           options=_options())  # fmt: skip
-        return record
-
     def _remove_partial(self, keep: Path | None) -> None:
         """Folders from interrupted writes (no commit record)."""
         if not self.root.is_dir():
@@ -226,3 +181,87 @@ class CheckpointManager:
         for path in self.root.iterdir():
             if STEP_DIR.match(path.name) and not (path / STATE_FILE).is_file() and path != keep:
                 shutil.rmtree(path, ignore_errors=True)
+
+
+class ModelState:
+    """The trained module's weights (LoRA: the adapter's alone), FSDP2-sharded or not, as a DCP Stateful."""
+
+    def __init__(self, module: torch.nn.Module):
+        self.module = module
+
+    def state_dict(self) -> dict[str, Any]:
+        from torch.distributed.checkpoint.state_dict import get_model_state_dict
+
+        return get_model_state_dict(self.module, options=_options())
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        from torch.distributed.checkpoint.state_dict import set_model_state_dict
+
+        set_model_state_dict(self.module, state, options=_options())
+
+
+class OptimizerState:
+    """An optimizer's state keyed by the module's parameter names (resharding-safe), as a DCP Stateful."""
+
+    def __init__(self, module: torch.nn.Module, optimizer):
+        self.module, self.optimizer = module, optimizer
+
+    def state_dict(self) -> dict[str, Any]:
+        from torch.distributed.checkpoint.state_dict import get_optimizer_state_dict
+
+        return get_optimizer_state_dict(self.module, self.optimizer, options=_options())
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        from torch.distributed.checkpoint.state_dict import set_optimizer_state_dict
+
+        set_optimizer_state_dict(self.module, self.optimizer, state, options=_options())
+
+
+class RNGState:
+    """This process's torch, numpy and python RNG states (JSON)."""
+
+    def state_dict(self) -> dict[str, Any]:
+        return rng_state()
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        set_rng_state(state)
+
+
+class RankCheckpoint:
+    """One rank's named states. `tensors` (model, optimizer, EMA) go through DCP into the step folder, one
+    `.distcp` per rank, the same code for a plain module and FSDP2 shards; `records` (RNG, LR schedule) are JSON the
+    rank hands the controller for the commit record. `tensors` must name the trained weights `model`."""
+
+    def __init__(self, tensors: Mapping[str, Stateful], records: Mapping[str, Stateful] | None = None):
+        assert "model" in tensors, "a rank checkpoint holds the trained weights as `model`"
+        self.tensors, self.records = dict(tensors), dict(records or {})
+
+    def save(self, folder: Path) -> dict[str, Any]:
+        """Every rank (a collective): write the tensor states; returns the weight names and the record states."""
+        import torch.distributed.checkpoint as dcp
+
+        dcp.save(dict(self.tensors), checkpoint_id=str(folder))
+        model_keys = sorted(self.tensors["model"].state_dict())
+        return {"model_keys": model_keys, **{name: state.state_dict() for name, state in self.records.items()}}
+
+    def load(self, folder: Path, records: dict[str, Any] | None = None, weights_only: bool = False) -> None:
+        """Every rank (a collective): restore the tensor states from `folder` (`weights_only`: `model` alone: a
+        new stage starts from the trained weights with its own optimizer), then each record state found in
+        `records` (this rank's RNG, the LR schedule)."""
+        import torch.distributed.checkpoint as dcp
+
+        stored = CheckpointManager.read_record(folder)["model_keys"]
+        names = sorted(self.tensors["model"].state_dict())
+        if names != stored:
+            missing = sorted(set(stored) ^ set(names))[:5]
+            raise CheckpointError(f"{folder}: the trained parameters differ from the checkpoint's (e.g. {missing})")
+        states = {"model": self.tensors["model"]} if weights_only else dict(self.tensors)
+        try:
+            dcp.load(states, checkpoint_id=str(folder))
+        except Exception as exc:  # DCP's wrapper of per-rank failures (CheckpointException) included
+            files = sorted(p.name for p in folder.iterdir() if p.name != STATE_FILE)
+            reason = str(exc).strip().splitlines()[-1][:300]
+            raise CheckpointError(f"{folder}: cannot load checkpoint data {files}: {reason}") from None
+        for name, state in self.records.items():
+            if records and name in records:
+                state.load_state_dict(records[name])

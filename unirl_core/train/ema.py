@@ -36,3 +36,15 @@ class EMA:
     def state_dict(self) -> dict[str, torch.Tensor]:
         """The shadow tensors themselves: DCP saves them and loads into them in place."""
         return {f"{i:05d}": shadow for i, shadow in enumerate(self.shadow)}
+
+    @torch.no_grad()
+    def load_state_dict(self, state: dict[str, torch.Tensor]) -> None:
+        for i, shadow in enumerate(self.shadow):
+            if state[f"{i:05d}"] is not shadow:  # DCP filled the shadow in place already
+                shadow.copy_(state[f"{i:05d}"])
+
+    @torch.no_grad()
+    def reset(self) -> None:
+        """The shadow <- the current weights (a new stage starts its average from the loaded weights)."""
+        for shadow, parameter in zip(self.shadow, self.parameters, strict=True):
+            shadow.copy_(parameter.detach())

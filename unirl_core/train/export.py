@@ -12,9 +12,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-import torch
-
-from unirl_core.train.checkpoint import STATE_FILE, CheckpointError, CheckpointManager
+from unirl_core.train.checkpoint import STATE_FILE, CheckpointError, CheckpointManager, ModelState, RankCheckpoint
 
 CONFIG_FILE = "train_config.json"
 
@@ -45,8 +43,7 @@ def load_checkpoint_adapter(folder: Path):
     config = TrainConfig.model_validate_json(config_path.read_text())
     model = config.model.model_copy(update={"text_embedding_cache": None})
     adapter = build_family(model, config.sampling, device="cpu")
-    optimizer = torch.optim.AdamW(adapter.parameters(), lr=0.0)
-    CheckpointManager.read_data(folder, adapter.trainable, optimizer, weights_only=True)
+    RankCheckpoint({"model": ModelState(adapter.trainable)}).load(folder, weights_only=True)
     return config, adapter
 
 

@@ -133,32 +133,26 @@ class TrainWorker(TorchWorker):
 
     # --- checkpoints ------------------------------------------------------------------------------------------
 
-    def _extra(self) -> dict[str, Any]:
-        return {"ema": self.ema.state_dict()} if self.ema else {}
+    def _checkpoint(self):
+        from unirl_core.train.checkpoint import ModelState, OptimizerState, RankCheckpoint, RNGState
+
+        module = self.adapter.trainable
+        tensors = {"model": ModelState(module), "optim": OptimizerState(module, self.stack.optimizer)}
+        tensors |= {"ema": self.ema} if self.ema else {}
+        return RankCheckpoint(tensors, {"rng": RNGState(), "scheduler": self.stack.scheduler})
 
     def save(self, folder: str) -> dict[str, Any]:
-        """This rank's part of checkpoint `folder` (a collective); returns what the commit record needs."""
-        from unirl_core.train.checkpoint import CheckpointManager, rng_state
-
-        keys = CheckpointManager.write_data(Path(folder), self.adapter.trainable, self.stack.optimizer, self._extra())
-        return {"model_keys": keys, "rng": rng_state(), "scheduler": self.stack.scheduler.state_dict()}
+        """This rank's part of checkpoint `folder` (a collective); returns what the commit record keeps of it."""
+        return self._checkpoint().save(Path(folder))
 
     def load(self, folder: str, weights_only: bool, rng: list | None, scheduler: dict | None) -> None:
         """Restore from checkpoint `folder` (a collective). `weights_only`: a new stage starting from the trained
-        weights with its own optimizer; otherwise also optimizer, scheduler, EMA and this rank's RNG state."""
-        from unirl_core.train.checkpoint import CheckpointManager, set_rng_state
-
-        CheckpointManager.read_data(Path(folder), self.adapter.trainable, self.stack.optimizer, extra=self._extra(),
-                                    weights_only=weights_only)  # fmt: skip
-        if weights_only:
-            if self.ema:  # the new stage's EMA starts from the loaded weights
-                for shadow, parameter in zip(self.ema.shadow, self.ema.parameters, strict=True):
-                    shadow.copy_(parameter.detach())
-            return
-        if scheduler:
-            self.stack.scheduler.load_state_dict(scheduler)
-        if rng:
-            set_rng_state(rng[self.rank])
+        weights with its own optimizer (and an EMA restarted from them); otherwise every named state: weights,
+        optimizer, EMA, LR schedule and this rank's RNG."""
+        records = None if weights_only else {"rng": rng[self.rank] if rng else None, "scheduler": scheduler}
+        self._checkpoint().load(Path(folder), {k: v for k, v in (records or {}).items() if v}, weights_only)
+        if weights_only and self.ema:
+            self.ema.reset()
 
     def shard_info(self) -> dict[str, int]:
         from unirl_core.train.fsdp import local_fraction
