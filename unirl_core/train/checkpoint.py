@@ -249,6 +249,7 @@ class RankCheckpoint:
         new stage starts from the trained weights with its own optimizer), then each record state found in
         `records` (this rank's RNG, the LR schedule)."""
         import torch.distributed.checkpoint as dcp
+        from torch.distributed.checkpoint.api import CheckpointException
 
         stored = CheckpointManager.read_record(folder)["model_keys"]
         names = sorted(self.tensors["model"].state_dict())
@@ -258,7 +259,7 @@ class RankCheckpoint:
         states = {"model": self.tensors["model"]} if weights_only else dict(self.tensors)
         try:
             dcp.load(states, checkpoint_id=str(folder))
-        except Exception as exc:  # DCP's wrapper of per-rank failures (CheckpointException) included
+        except (CheckpointException, Exception) as exc:  # DCP's wrapper of per-rank failures is a BaseException
             files = sorted(p.name for p in folder.iterdir() if p.name != STATE_FILE)
             reason = str(exc).strip().splitlines()[-1][:300]
             raise CheckpointError(f"{folder}: cannot load checkpoint data {files}: {reason}") from None
