@@ -201,7 +201,9 @@ class ModelState:
 
 
 class OptimizerState:
-    """An optimizer's state keyed by the module's parameter names (resharding-safe), as a DCP Stateful."""
+    """An optimizer's state keyed by the module's parameter names (resharding-safe), as a DCP Stateful. Load into
+    an optimizer before its first backward (a worker loads right after building): torch initializes a fresh
+    optimizer's state as the load target only while no parameter has a gradient."""
 
     def __init__(self, module: torch.nn.Module, optimizer):
         self.module, self.optimizer = module, optimizer
