@@ -145,16 +145,11 @@ class TrainWorker(TorchWorker):
         """This rank's part of checkpoint `folder` (a collective); returns what the commit record keeps of it."""
         return self._checkpoint().save(Path(folder))
 
-    def load(self, folder: str, weights_only: bool, rng: list | None, scheduler: dict | None) -> None:
-        """Restore from checkpoint `folder` (a collective). `weights_only`: a new stage starting from the trained
-        weights with its own optimizer (and an EMA restarted from them); otherwise every named state: weights,
-        optimizer, EMA, LR schedule and this rank's RNG."""
-        records = None if weights_only else {"rng": rng[self.rank] if rng else None, "scheduler": scheduler}
-        self._checkpoint().load(Path(folder), {k: v for k, v in (records or {}).items() if v}, weights_only)
+    def load(self, folder: str, record: dict[str, Any], weights_only: bool) -> None:
+        """Restore from checkpoint `folder` with its commit `record` (a collective). `weights_only`: a new stage
+        starting from the trained weights with its own optimizer (and an EMA restarted from them); otherwise every
+        named state: weights, optimizer, EMA, LR schedule and this rank's RNG."""
+        states = {"rng": record["rng"][self.rank], "scheduler": record["scheduler"]}
+        self._checkpoint().load(Path(folder), None if weights_only else states, weights_only)
         if weights_only and self.ema:
             self.ema.reset()
-
-    def shard_info(self) -> dict[str, int]:
-        from unirl_core.train.fsdp import local_fraction
-
-        return local_fraction(self.adapter.trainable)

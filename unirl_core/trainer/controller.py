@@ -111,8 +111,7 @@ class Controller:
         if record is None:
             return
         same = record["stage"] == self.round.stage
-        self.group.run(TrainWorker.load, str(latest), not same, record["rng"] if same else None,
-                       record["scheduler"] if same else None)  # fmt: skip
+        self.group.run(TrainWorker.load, str(latest), record, not same)
         if same:
             self.checkpoints.restore(record)
         self.progress.step = record["global_step"] + 1
