@@ -98,6 +98,8 @@ def test_ray_actor_pair_all_reduces_over_gloo(ray_local):
 
 def test_local_group_is_one_rank_in_this_process():
     """`unirl train --local`'s transport: the worker in this process, torch.distributed with world size 1."""
+    import socket
+
     import torch
     import torch.distributed as dist
 
@@ -107,6 +109,8 @@ def test_local_group_is_one_rank_in_this_process():
     threads = torch.get_num_threads()
     with LocalGroup(TorchWorker) as group:
         assert group.backends == ["gloo"] and dist.get_world_size() == 1
+        with socket.socket() as probe, pytest.raises(OSError):  # the store's port was listening from the start:
+            probe.bind(("127.0.0.1", group.worker.store.port))  # never probed free, released and bound again
         assert group.run(TorchWorker.all_reduce_sum, [1.0, 2.0]) == [[1.0, 2.0]]
         assert group.scatter(TorchWorker.all_reduce_sum, [[3.0]]) == [[3.0]]
         torch.set_num_threads(1)  # a worker's build sets its threads; closing restores the process's

@@ -13,7 +13,6 @@ from typing import Any
 
 import torch
 
-from unirl_core.distributed.process_group import free_port
 from unirl_core.distributed.rank import TorchWorker, method_name
 
 
@@ -25,8 +24,8 @@ class LocalGroup:
                  collective_timeout_s: int = 300):  # fmt: skip
         self.threads = torch.get_num_threads()
         self.worker = worker_cls()
-        address = "127.0.0.1"
-        self.backends = [self.worker.setup(0, 1, address, free_port(address), backend, collective_timeout_s)]
+        address, port = self.worker.open_rendezvous("127.0.0.1", 1, collective_timeout_s)
+        self.backends = [self.worker.setup(0, 1, address, port, backend, collective_timeout_s)]
 
     def run(self, method: Callable[..., Any], *args: Any, timeout: float | None = None, **kwargs: Any) -> list[Any]:
         return [getattr(self.worker, method_name(method))(*args, **kwargs)]

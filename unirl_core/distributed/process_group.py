@@ -2,22 +2,21 @@
 
 from __future__ import annotations
 
-import socket
 from datetime import timedelta
 
 import torch
 import torch.distributed as dist
 
 
-def free_port(host: str = "127.0.0.1") -> int:
-    """A TCP port free on `host` now (for the rendezvous of a new process group)."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind((host, 0))
-        return s.getsockname()[1]
-
-
 def default_backend() -> str:
     return "nccl" if torch.cuda.is_available() else "gloo"
+
+
+def open_store(host: str, world_size: int, timeout_s: int = 300) -> dist.TCPStore:
+    """Rank 0's rendezvous store, listening on a port the OS assigns as it binds: a port probed free and bound later
+    can be taken by another process in between (EADDRINUSE). `.port` is where the other ranks meet it."""
+    timeout = timedelta(seconds=timeout_s)
+    return dist.TCPStore(host, 0, world_size, is_master=True, wait_for_workers=False, timeout=timeout)
 
 
 def init_process_group(
@@ -27,14 +26,12 @@ def init_process_group(
     master_port: int,
     backend: str | None = None,
     timeout_s: int = 300,
+    store: dist.Store | None = None,
 ) -> str:
-    """Join the group of `world_size` ranks rendezvousing at master_addr:master_port; returns the backend."""
+    """Join the group of `world_size` ranks rendezvousing at master_addr:master_port (rank 0 passes the `store` it
+    opened there); returns the backend."""
     backend = backend or default_backend()
-    dist.init_process_group(
-        backend=backend,
-        init_method=f"tcp://{master_addr}:{master_port}",
-        rank=rank,
-        world_size=world_size,
-        timeout=timedelta(seconds=timeout_s),
-    )
+    timeout = timedelta(seconds=timeout_s)
+    store = store or dist.TCPStore(master_addr, master_port, world_size, is_master=False, timeout=timeout)
+    dist.init_process_group(backend=backend, store=store, rank=rank, world_size=world_size, timeout=timeout)
     return backend

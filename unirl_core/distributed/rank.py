@@ -13,24 +13,30 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from unirl_core.distributed.process_group import free_port, init_process_group
+from unirl_core.distributed.process_group import init_process_group, open_store
 
 
 class TorchWorker:
     """One rank. Subclass it for real work; every public method can be called on the whole group."""
 
-    def rendezvous_address(self) -> tuple[str, int]:
-        """This worker's node address and a port free on it: where the process group meets (rank 0's)."""
+    store = None  # rank 0's rendezvous store, kept alive with the process group
+
+    def rendezvous_address(self, world_size: int, timeout_s: int = 300) -> tuple[str, int]:
+        """Rank 0, before `setup`: open the process group's store on this node; returns where the ranks meet."""
         import ray
 
-        address = ray.util.get_node_ip_address()
-        return address, free_port(address)
+        return self.open_rendezvous(ray.util.get_node_ip_address(), world_size, timeout_s)
+
+    def open_rendezvous(self, address: str, world_size: int, timeout_s: int = 300) -> tuple[str, int]:
+        self.store = open_store(address, world_size, timeout_s)
+        return address, self.store.port
 
     def setup(
         self, rank: int, world_size: int, master_addr: str, master_port: int, backend: str | None, timeout_s: int = 300
     ) -> str:
         self.rank, self.world_size = rank, world_size
-        return init_process_group(rank, world_size, master_addr, master_port, backend, timeout_s)
+        store = self.store if rank == 0 else None
+        return init_process_group(rank, world_size, master_addr, master_port, backend, timeout_s, store)
 
     def device_for(self, gpus: float) -> torch.device:
         """This worker's torch device: its Ray-assigned GPU (visible as cuda:0) when it has one, the current CUDA
@@ -49,6 +55,7 @@ class TorchWorker:
     def teardown(self) -> None:
         if dist.is_initialized():
             dist.destroy_process_group()
+        self.store = None
 
 
 def method_name(method: Callable[..., Any]) -> str:

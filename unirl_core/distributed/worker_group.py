@@ -64,7 +64,9 @@ class WorkerGroup:
                 ).remote()
                 for i in range(world_size)
             ]
-            master_addr, master_port = ray.get(self.workers[0].rendezvous_address.remote())
+            master_addr, master_port = ray.get(
+                self.workers[0].rendezvous_address.remote(world_size, collective_timeout_s)
+            )
             self.backends = ray.get(
                 [
                     w.setup.remote(i, world_size, master_addr, master_port, backend, collective_timeout_s)
