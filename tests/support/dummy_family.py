@@ -69,7 +69,7 @@ class DummyFamily(Family):
 
     # --- scheduler and sampler -----------------------------------------------------------------------------------
 
-    def schedule(self, num_steps: int) -> list[float]:
+    def schedule(self, num_steps: int, latent_shape: tuple[int, ...]) -> list[float]:
         """num_steps + 1 evenly spaced sigmas from 1 to 0 (the pipeline's scheduler is not consulted)."""
         return [1 - i / num_steps for i in range(num_steps + 1)]
 

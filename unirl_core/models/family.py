@@ -9,7 +9,9 @@ not). An instance is the model the loop drives (it is called `adapter` there).
 | text conditioning    | `encode_texts(texts)`, `encode(prompts)` (CFG halves), `text_identity()` (cache key),     |
 |                      | `pack_conditioning` / `unpack_conditioning` (the precache form: one tensor per prompt)    |
 | latents              | `latent_shape(h, w)`, `latent_stride`, `initial_noise(ids, seed, shape)`                  |
-| scheduler, sampler   | `schedule(n)`, `transition(x, i, eta, cond, schedule, ...)`, `noised(x0, noise, i, ...)`  |
+| scheduler, sampler   | `schedule(n, shape)`, `transition(x, i, eta, cond, schedule, ...)`, `noised(x0, noise, i)` |
+| condition images     | `condition_mode`: "start" (image-to-image from the noised image) or "reference" (edit     |
+|                      | models: `with_condition_images(cond, prompts, images, latents)` adds it to the conditioning)|
 | VAE                  | `decode(latents)`, `encode_images(images)`                                                |
 | CFG                  | `cfg`, `select(cond, index)`, `guided(output)`                                            |
 | warm-up target       | `denoising_loss(x0, cond, generators)`                                                    |
@@ -42,6 +44,10 @@ class Family(ABC):
     denoiser_name: ClassVar[str]  # the pipeline component that is trained
     latent_stride: ClassVar[int]  # pixels per latent token (VAE stride x patch size): image sizes are multiples
     text_only_skip: ClassVar[tuple[str, ...]]  # components not loaded for text conditioning alone (precache)
+    # how a prompt's condition image (`media_refs` role "condition") enters a rollout: "start" denoises from the
+    # noised image (image-to-image, `sampling.condition_strength`); "reference" denoises from noise with the image
+    # in the conditioning (edit models: FLUX.1-Kontext, Qwen-Image-Edit), see `with_condition_images`
+    condition_mode: ClassVar[str] = "start"
 
     def __init__(
         self,
@@ -166,8 +172,9 @@ class Family(ABC):
     # --- scheduler and sampler ----------------------------------------------------------------------------------
 
     @abstractmethod
-    def schedule(self, num_steps: int) -> list:
-        """num_steps + 1 values (sigmas or timesteps) the transitions index into."""
+    def schedule(self, num_steps: int, latent_shape: tuple[int, ...]) -> list:
+        """num_steps + 1 values (sigmas or timesteps) the transitions index into, for latents of `latent_shape`
+        (what `latent_shape(h, w)` returned: resolution-dependent shifts read it)."""
 
     @abstractmethod
     def transition(self, x, index, eta, cond, schedule, prev_sample=None, generator=None) -> StepResult:
@@ -177,6 +184,13 @@ class Family(ABC):
     @abstractmethod
     def noised(self, clean: torch.Tensor, noise: torch.Tensor, index: int, schedule) -> torch.Tensor:
         """x at step `index` from a clean latent (image-to-image start)."""
+
+    def with_condition_images(self, cond, prompts: list[str], images: list, latents: torch.Tensor):
+        """`condition_mode == "reference"`: the conditioning of `prompts` given their condition images (PIL) and
+        those images' latents [B, C, h, w] (`encode_images`). Default: the latents ride along as
+        `cond["reference"]` (both CFG halves); a family whose text encoder reads the image re-encodes here."""
+        reference = latents.to(self.device, torch.float32)
+        return {**cond, "reference": torch.cat([reference, reference]) if self.cfg else reference}
 
     # --- VAE ----------------------------------------------------------------------------------------------------
 

@@ -58,16 +58,22 @@ def load_condition_image(uri: str, width: int, height: int, policy: ConditionPol
 
 
 class ConditionLatents:
-    """Condition images -> VAE latents for one adapter, each (uri, size) encoded once per process."""
+    """Condition images -> VAE latents for one adapter, each (uri, size) loaded and encoded once per process."""
 
     def __init__(self, adapter, policy: ConditionPolicy = ConditionPolicy()):
-        self.adapter, self.policy, self.latents = adapter, policy, {}
+        self.adapter, self.policy, self.latents, self.images = adapter, policy, {}, {}
+
+    def load(self, uris: list[str], width: int, height: int) -> list:
+        """The condition images (RGB, `width` x `height`) of `uris`, in order."""
+        for uri in dict.fromkeys(uris):
+            if (uri, width, height) not in self.images:
+                self.images[(uri, width, height)] = load_condition_image(uri, width, height, self.policy)
+        return [self.images[(uri, width, height)] for uri in uris]
 
     def __call__(self, uris: list[str], width: int, height: int):
         import torch
 
-        for uri in dict.fromkeys(uris):
+        for uri, image in zip(uris, self.load(uris, width, height), strict=True):
             if (uri, width, height) not in self.latents:
-                image = load_condition_image(uri, width, height, self.policy)
                 self.latents[(uri, width, height)] = self.adapter.encode_images([image])[0].cpu()
         return torch.stack([self.latents[(uri, width, height)] for uri in uris]).to(self.adapter.device)

@@ -36,7 +36,8 @@ def start_step(num_steps: int, strength: float) -> int:
 @torch.no_grad()
 def run_rollout(adapter, samples: list[RolloutSample], sampling, algorithm, seed: int, conditions=None) -> Rollout:
     """Denoise `samples` from their initial noise; prompts with a condition image start image-to-image at
-    `start_step` (a batch is all text-to-image or all image-to-image). `conditions`: a ConditionLatents.
+    `start_step`, or, for an edit family (`condition_mode == "reference"`), carry the image in their conditioning
+    (a batch is all text-to-image or all with condition images). `conditions`: a ConditionLatents.
 
     Every draw depends on (seed, sample id) only (the caller passes seed = sampling seed + step): the initial noise,
     and the SDE steps' noise from one generator per sample, so a sample rolls out the same on any number of ranks."""
@@ -44,7 +45,7 @@ def run_rollout(adapter, samples: list[RolloutSample], sampling, algorithm, seed
     shape = adapter.latent_shape(sampling.height, sampling.width)
     noise_ids = [f"prompt:{s.group_id}" if sampling.share_group_noise else s.sample_id for s in samples]
     x = adapter.initial_noise(noise_ids, seed, shape).float()
-    schedule = adapter.schedule(sampling.num_inference_steps)
+    schedule = adapter.schedule(sampling.num_inference_steps, shape)
     uris = [condition_uri(s) for s in samples]
     start = 0
     if any(uris):
@@ -55,9 +56,13 @@ def run_rollout(adapter, samples: list[RolloutSample], sampling, algorithm, seed
                 "put image-to-image prompts in their own prompt file"
             )
         conditions = conditions or ConditionLatents(adapter)
-        start = start_step(sampling.num_inference_steps, sampling.condition_strength)
         clean = conditions(uris, sampling.width, sampling.height)
-        x = adapter.noised(clean, x, start, schedule).float()
+        if adapter.condition_mode == "reference":  # edit models: the image conditions, the noise is denoised
+            images = conditions.load(uris, sampling.width, sampling.height)
+            cond = adapter.with_condition_images(cond, [s.example.prompt for s in samples], images, clean)
+        else:  # image-to-image: denoise the noised image from `start_step`
+            start = start_step(sampling.num_inference_steps, sampling.condition_strength)
+            x = adapter.noised(clean, x, start, schedule).float()
     steps = [start + i for i in stochastic_steps(sampling.num_inference_steps - start, algorithm.timestep_fraction)]
     before, after, logps = [], [], []
     generators = sample_generators(seed, [f"sde:{s.sample_id}" for s in samples], device=x.device)

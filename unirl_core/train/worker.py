@@ -126,7 +126,7 @@ class TrainWorker(TorchWorker):
             cond = self.adapter.encode(prompts)
             shape = self.adapter.latent_shape(sampling.height, sampling.width)
             x = self.adapter.initial_noise(ids, seed, shape).float()
-            schedule = self.adapter.schedule(sampling.num_inference_steps)
+            schedule = self.adapter.schedule(sampling.num_inference_steps, shape)
             for index in range(sampling.num_inference_steps):
                 x = self.adapter.transition(x, index, 0.0, cond, schedule).sample
             return self.adapter.decode(x)

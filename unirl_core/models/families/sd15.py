@@ -30,7 +30,7 @@ class SD15Family(Family):
         embeds, _ = self.pipeline.encode_prompt(texts, self.device, 1, False)
         return {"embeds": embeds}
 
-    def schedule(self, num_steps: int) -> list[int]:
+    def schedule(self, num_steps: int, latent_shape: tuple[int, ...]) -> list[int]:
         scheduler = self.pipeline.scheduler
         scheduler.set_timesteps(num_steps, device="cpu")
         return [int(t) for t in scheduler.timesteps] + [-1]

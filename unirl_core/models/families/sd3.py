@@ -57,7 +57,7 @@ class SD3Family(Family):
     def unpack_conditioning(cls, packed: torch.Tensor, path: str) -> dict:
         return {"embeds": packed[..., :-1, :], "pooled": packed[..., -1, : pooled_width(path)]}
 
-    def schedule(self, num_steps: int) -> list[float]:
+    def schedule(self, num_steps: int, latent_shape: tuple[int, ...]) -> list[float]:
         scheduler = self.pipeline.scheduler
         scheduler.set_timesteps(num_steps, device="cpu")
         return [float(s) for s in scheduler.sigmas]  # num_steps + 1 values, ending at 0
