@@ -15,7 +15,7 @@ not). An instance is the model the loop drives (it is called `adapter` there).
 | VAE                  | `decode(latents)`, `encode_images(images)`                                                |
 | CFG                  | `cfg`, `select(cond, index)`, `guided(output)`                                            |
 | warm-up target       | `denoising_loss(x0, cond, generators)`                                                    |
-| export               | `export_adapter(folder, base_path)` (peft), `export_merged(folder, base_path)` (pipeline) |
+| export               | `export_adapter(folder, base)` (peft + diffusers LoRA), `export_merged(folder, base)`     |
 
 Adding a family is one file in `models/families/` (a `Family` subclass decorated with `@register`, see
 `models/registry.py`) plus its registry line; nothing in the loop changes. The generic parts below assume a diffusers
@@ -247,17 +247,24 @@ class Family(ABC):
     # --- export -------------------------------------------------------------------------------------------------
 
     def export_adapter(self, folder: Path, base_path: str) -> None:
-        """The LoRA as a peft adapter folder: `PeftModel.from_pretrained(<base denoiser>, folder)`."""
+        """The LoRA in both forms users load, in one folder:
+        - peft: `adapter_config.json` + `adapter_model.safetensors`, `PeftModel.from_pretrained(<denoiser>, folder)`;
+        - diffusers: `pytorch_lora_weights.safetensors` (with the LoRA config as metadata, so alpha/rank holds),
+          `<Pipeline>.from_pretrained(base).load_lora_weights(folder)`."""
+        import diffusers
         from peft import get_peft_model_state_dict
         from safetensors.torch import save_file
 
-        state = get_peft_model_state_dict(self.trainable, adapter_name="default")
+        state = {k: v.contiguous() for k, v in get_peft_model_state_dict(self.trainable, adapter_name="default").items()}
         # PeftModel's own layout: keys under base_model.model., the config with the base model's location
-        save_file({f"base_model.model.{k}": v.contiguous() for k, v in state.items()},
-                  str(folder / "adapter_model.safetensors"))  # fmt: skip
+        save_file({f"base_model.model.{k}": v for k, v in state.items()}, str(folder / "adapter_model.safetensors"))
         peft_config = self.trainable.peft_config["default"]
         peft_config.base_model_name_or_path = f"{base_path}/{self.denoiser_name}"
         peft_config.save_pretrained(str(folder))
+        getattr(diffusers, self.pipeline_class).save_lora_weights(
+            str(folder), **{f"{self.denoiser_name}_lora_layers": state,
+                            f"{self.denoiser_name}_lora_adapter_metadata": peft_config.to_dict()},
+        )  # fmt: skip
 
     def export_merged(self, folder: Path, base_path: str) -> None:
         """The whole pipeline with the LoRA merged into the denoiser's base weights (`save_pretrained`)."""
