@@ -95,12 +95,14 @@ def test_conditioning_packs_round_trip_and_cfg_puts_the_negative_first():
     assert texts["embeds"].shape == (2, 512, 32) and texts["mask"].dtype == torch.long
     lengths = texts["mask"].sum(1)
     assert lengths[1] > lengths[0] and not texts["embeds"][0, lengths[0] :].any()  # zero padding, mask 0
-    unpacked = QwenImageFamily.unpack_conditioning(adapter.pack_conditioning(texts), resolve_model_path("tiny:qwen_image"))
+    folder = resolve_model_path("tiny:qwen_image")
+    unpacked = QwenImageFamily.unpack_conditioning(adapter.pack_conditioning(texts), folder)
     assert all(torch.equal(unpacked[k], texts[k]) for k in texts)
     cond = adapter.encode(PROMPTS)
     negative = adapter.encode_texts([" "])
     for key in ("embeds", "mask"):
-        assert torch.equal(cond[key][:2], negative[key].expand_as(texts[key])) and torch.equal(cond[key][2:], texts[key])
+        assert torch.equal(cond[key][:2], negative[key].expand_as(texts[key]))
+        assert torch.equal(cond[key][2:], texts[key])
     assert adapter.text_identity()["max_sequence_length"] == 512
 
 

@@ -22,6 +22,7 @@ BUILT_IN = {
     "sd3": "unirl_core.models.families.sd3:SD3Family",
     "sd15": "unirl_core.models.families.sd15:SD15Family",
     "qwen_image": "unirl_core.models.families.qwen_image:QwenImageFamily",
+    "qwen_image_edit": "unirl_core.models.families.qwen_image:QwenImageEditFamily",
 }
 _REGISTERED: dict[str, type[Family]] = {}
 

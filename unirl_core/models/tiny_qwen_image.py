@@ -16,6 +16,9 @@ The byte-level vocabulary tokenizes any text without unknown tokens, so the prom
 
 from __future__ import annotations
 
+from transformers import Qwen2VLProcessor
+from transformers.processing_utils import ProcessorMixin
+
 TEXT_HIDDEN = 32
 LATENT_CHANNELS = 4
 SPECIAL_TOKENS = [
@@ -90,12 +93,30 @@ def build_qwen_image():
 
 
 def build_qwen_image_edit():
-    """A complete tiny QwenImageEditPipeline: the text encoder reads the condition image through a
-    Qwen2VLProcessor whose image processor keeps images small (max_pixels 56 x 56: at most 4 vision tokens)."""
+    """A complete tiny QwenImageEditPipeline: the text encoder reads the condition image through a Qwen2VL
+    processor whose image processor keeps images small (max_pixels 56 x 56: at most 4 vision tokens)."""
+    import importlib.util
+
     from diffusers import QwenImageEditPipeline
-    from transformers import Qwen2VLImageProcessor, Qwen2VLProcessor
+    from transformers import Qwen2VLImageProcessor
 
     components = _components()
     image_processor = Qwen2VLImageProcessor(min_pixels=28 * 28, max_pixels=56 * 56, patch_size=14, merge_size=2)
-    processor = Qwen2VLProcessor(image_processor=image_processor, tokenizer=components["tokenizer"])
+    if importlib.util.find_spec("torchvision") is None:
+        processor = ImageOnlyQwen2VLProcessor(image_processor=image_processor, tokenizer=components["tokenizer"])
+    else:
+        processor = Qwen2VLProcessor(image_processor=image_processor, tokenizer=components["tokenizer"])
     return QwenImageEditPipeline(**components, processor=processor)
+
+
+class ImageOnlyQwen2VLProcessor(Qwen2VLProcessor):
+    """Qwen2VLProcessor without its video processor. transformers 5 cannot build (or load) a Qwen2VLProcessor
+    without torchvision (its video processor needs it), so the tiny edit pipeline uses this subclass there; image +
+    text inputs go through Qwen2VLProcessor's own code. diffusers records the class by its module path and finds it
+    in `sys.modules`: import this module before loading such a folder."""
+
+    def __init__(self, image_processor=None, tokenizer=None, chat_template=None, **kwargs):
+        self.image_token, self.video_token = "<|image_pad|>", "<|video_pad|>"
+        self.image_token_id = tokenizer.convert_tokens_to_ids(self.image_token)
+        self.video_token_id = tokenizer.convert_tokens_to_ids(self.video_token)
+        ProcessorMixin.__init__(self, image_processor, tokenizer, chat_template=chat_template)

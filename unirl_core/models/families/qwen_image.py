@@ -96,13 +96,18 @@ class QwenImageFamily(Family):
         pipeline encodes one prompt), then zero-padded with mask 0."""
         embeds = []
         for text in texts:
-            embed, _ = self.pipeline.encode_prompt([text], self.device, max_sequence_length=self.max_sequence_length)
+            embed, _ = self.pipeline.encode_prompt(
+                prompt=[text], device=self.device, max_sequence_length=self.max_sequence_length
+            )
             embeds.append(embed[0])
         return self._padded(embeds)
 
-    def _padded(self, embeds: list[torch.Tensor]) -> dict:
-        """Per-text embeddings [T_i, D] -> {"embeds": [B, L, D], "mask": [B, L]} zero-padded to L."""
-        length = self.max_sequence_length
+    def _padded(self, embeds: list[torch.Tensor], length: int | None = None) -> dict:
+        """Per-text embeddings [T_i, D] -> {"embeds": [B, L, D], "mask": [B, L]} zero-padded to L (default
+        `max_sequence_length`)."""
+        length = length or self.max_sequence_length
+        if max(e.shape[0] for e in embeds) > length:
+            raise ValueError(f"a text encodes to more than {length} tokens: raise max_sequence_length")
         mask = torch.zeros((len(embeds), length), dtype=torch.long, device=self.device)
         padded = embeds[0].new_zeros((len(embeds), length, embeds[0].shape[-1]))
         for i, embed in enumerate(embeds):
@@ -129,6 +134,8 @@ class QwenImageFamily(Family):
     def _text(self, cond: dict) -> tuple[torch.Tensor, torch.Tensor | None]:
         """The batch's embeds and mask trimmed to its longest text (padding beyond it is masked anyway); mask None
         when nothing is padded (as the pipeline passes it)."""
+        if "mask" not in cond:
+            raise ValueError(f"{self.name}: no text conditioning (edit models need a condition image per prompt)")
         mask = cond["mask"].to(self.device)
         length = int(mask.sum(dim=1).max())
         mask = mask[:, :length]
@@ -241,3 +248,55 @@ class QwenImageFamily(Family):
         x = (1 - sigma_B111) * x0 + sigma_B111 * noise
         velocity = unpack(self.velocity(x, sigma_B, cond).float(), *x0.shape[-2:])
         return flow_matching_loss(velocity, noise, x0)
+
+
+class QwenImageEditFamily(QwenImageFamily):
+    """Qwen-Image-Edit: the condition image enters twice, as the stock pipeline does: Qwen2.5-VL reads it with the
+    instruction (the edit template; prompts are re-encoded with their images, no text cache), and its VAE latents
+    ride along as `cond["reference"]`, packed after the noisy tokens (a second `img_shapes` entry) with the output
+    cut to the noisy tokens.
+
+    The condition is used at the size the rollout loads it (`sampling.width` x `sampling.height`), as Flow-GRPO's
+    Qwen-Image-Edit trainer does (images resized to the training resolution); the stock pipeline instead resizes it
+    to a ~1024^2 area (`calculate_dimensions`), so the two agree when the rollout's size is that area's."""
+
+    name, pipeline_class = "qwen_image_edit", "QwenImageEditPipeline"
+    condition_mode = "reference"
+    denoiser_configs: ClassVar[dict[str, dict]] = {"qwen-image-edit": QWEN_IMAGE_TRANSFORMER}
+
+    def __init__(self, path: str, *args, **kwargs):
+        import unirl_core.models.tiny_qwen_image  # noqa: F401  (the tiny folder's processor class, see there)
+
+        super().__init__(path, *args, **kwargs)
+
+    @classmethod
+    def build_tiny(cls):
+        from unirl_core.models.tiny_qwen_image import build_qwen_image_edit
+
+        return build_qwen_image_edit()
+
+    def encode(self, prompts: list[str]) -> dict:
+        """Nothing without the images: the edit template reads each prompt with its condition image, so the whole
+        conditioning is built in `with_condition_images`."""
+        return {}
+
+    def encode_texts(self, texts: list[str]) -> dict:
+        raise ValueError(
+            "qwen_image_edit encodes a prompt together with its condition image: give every prompt an image "
+            "(media_refs role 'condition'); text-only conditioning (precache, warm-up) is not available"
+        )
+
+    @torch.no_grad()
+    def with_condition_images(self, cond, prompts: list[str], images: list, latents: torch.Tensor):
+        """{"embeds", "mask"} of each (prompt, image) through the edit template (the negative prompt with the same
+        image first under CFG), padded to the batch's longest (the edit pipeline keeps every token), and
+        "reference": the images' latents [B, C, h, w] (both CFG halves)."""
+        texts = [*([self.negative_prompt] * len(prompts)), *prompts] if self.cfg else list(prompts)
+        pictures = [*images, *images] if self.cfg else list(images)
+        embeds = [
+            self.pipeline.encode_prompt(prompt=[text], image=[picture], device=self.device)[0][0]
+            for text, picture in zip(texts, pictures, strict=True)
+        ]
+        reference = latents.to(self.device, torch.float32)
+        padded = self._padded(embeds, max(e.shape[0] for e in embeds))
+        return {**padded, "reference": torch.cat([reference, reference]) if self.cfg else reference}
