@@ -257,8 +257,11 @@ class QwenImageEditFamily(QwenImageFamily):
     cut to the noisy tokens.
 
     The condition is used at the size the rollout loads it (`sampling.width` x `sampling.height`), as Flow-GRPO's
-    Qwen-Image-Edit trainer does (images resized to the training resolution); the stock pipeline instead resizes it
-    to a ~1024^2 area (`calculate_dimensions`), so the two agree when the rollout's size is that area's."""
+    Qwen-Image-Edit trainer does (scripts/train_qwenimage_edit_plus.py resizes condition images to the training
+    resolution and takes their `img_shapes` from `calculate_dimensions(512 * 512, 1)`); the stock pipeline instead
+    resizes it to a ~1024^2 area (`calculate_dimensions(1024 * 1024, ratio)`), so the two agree when the rollout's
+    size is that area's. Text-only conditioning does not exist for this family (`encode` is empty until the images
+    come)."""
 
     name, pipeline_class = "qwen_image_edit", "QwenImageEditPipeline"
     condition_mode = "reference"
