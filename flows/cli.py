@@ -90,6 +90,48 @@ def validate(
 
 
 @app.command()
+def plan(
+    recipe: Annotated[str, typer.Argument(help="A recipe with a `train` section (file or packaged name).")],
+    variant: Annotated[
+        str | None,
+        typer.Option(help="Real model sizes to plan for (e.g. sd3.5-medium); default: train.model.path's configs."),
+    ] = None,
+    set_: Annotated[list[str] | None, typer.Option("--set", "-s", help="Override: dotted.key=value.")] = None,
+) -> None:
+    """Parameters and per-worker memory (rollout and training) of the recipe at its real model size, from the
+    components' configs on the meta device: no weights, no GPU, seconds. Names the largest term."""
+    from unirl_core.config import load_recipe
+    from unirl_core.models.real_sizes import VARIANTS, variant_names
+    from unirl_core.models.registry import family_class, resolve_model_path
+    from unirl_core.trainer.memory import format_plan, memory_plan
+
+    loaded = load_recipe(recipe, set_ or [])
+    if loaded.train is None:
+        raise _fail(f"error: recipe {recipe} has no `train` section")
+    config = loaded.train
+    family_class(config.model.family)  # an unknown family: one error line (UserError)
+    if variant is not None:
+        if variant not in VARIANTS:
+            raise _fail(f"error: --variant {variant!r} is unknown; variants: {', '.join(variant_names())}")
+        if VARIANTS[variant]["family"] != config.model.family:
+            raise _fail(
+                f"error: --variant {variant} is a {VARIANTS[variant]['family']} model but train.model.family is "
+                f"{config.model.family}; variants of {config.model.family}: "
+                f"{', '.join(variant_names(config.model.family)) or 'none'}"
+            )
+        source = variant
+    else:
+        source = resolve_model_path(config.model.path)
+        if not (Path(source) / "model_index.json").is_file():
+            raise _fail(
+                f"error: train.model.path {config.model.path!r} is not a local pipeline folder (model_index.json); "
+                f"pass --variant, one of: {', '.join(variant_names(config.model.family)) or 'none yet'}"
+            )
+    _quiet_model_libraries()
+    typer.echo(format_plan(memory_plan(config, source)))
+
+
+@app.command()
 def schema() -> None:
     """Print the recipe's JSON Schema (for editor completion of recipe YAML files, and the Prefect form)."""
     from unirl_core.config import Recipe
