@@ -68,6 +68,7 @@ class QwenImageFamily(Family):
     name, pipeline_class, denoiser_name = "qwen_image", "QwenImagePipeline", "transformer"
     latent_stride = 16  # VAE 8 x patch 2
     text_only_skip = ("transformer", "vae")
+    guidance = "true CFG, norm-rescaled"  # `sampling.guidance_scale` is the pipeline's true_cfg_scale
     # text tokens kept per prompt (after the template's dropped prefix) and the fixed padded length of the cached
     # conditioning: the pipeline's `max_sequence_length` default
     max_sequence_length: ClassVar[int] = 512
@@ -225,13 +226,13 @@ class QwenImageFamily(Family):
         return images
 
     @torch.no_grad()
-    def encode_images(self, images) -> torch.Tensor:
-        """PIL images -> scaled latents [B, C, h, w] float32: (posterior mean - latents_mean) / latents_std (the
-        edit pipeline's `_encode_vae_image`)."""
+    def encode_pixels(self, pixels: torch.Tensor) -> torch.Tensor:
+        """Pixels [B, 3, H, W] in [-1, 1] -> scaled latents [B, C, h, w] float32: (posterior mean - latents_mean) /
+        latents_std, encoded as one-frame videos (the edit pipeline's `_encode_vae_image`). `encode_images` (PIL)
+        and the precache's `PipelineImageEncoder` both come here."""
         vae = self.pipeline.vae
-        pixels = self.pipeline.image_processor.preprocess(images).to(self.device, vae.dtype)[:, :, None]
         mean, std = self._latent_stats(vae.dtype)
-        latents = (vae.encode(pixels).latent_dist.mode() - mean) / std
+        latents = (vae.encode(pixels.to(self.device, vae.dtype)[:, :, None]).latent_dist.mode() - mean) / std
         return latents[:, :, 0].float()
 
     # --- warm-up ------------------------------------------------------------------------------------------------
