@@ -40,12 +40,13 @@ def config(guidance_scale: float = 4.0):
     }).train  # fmt: skip
 
 
-def denoise(transformer, cond: dict) -> torch.Tensor:
-    """A denoiser's packed output on a fixed input: what an exported model must reproduce."""
-    x = torch.randn((1, 64, 16), generator=torch.Generator().manual_seed(3))
+def denoise(transformer, cond: dict, rows: int = 1) -> torch.Tensor:
+    """A denoiser's packed output on a fixed input (the first `rows` texts of `cond`): what an exported model must
+    reproduce."""
+    x = torch.randn((rows, 64, 16), generator=torch.Generator().manual_seed(3))
     return transformer(
-        hidden_states=x, timestep=torch.tensor([0.5]), encoder_hidden_states=cond["embeds"][:1],
-        encoder_hidden_states_mask=cond["mask"][:1], img_shapes=[[(1, 8, 8)]], return_dict=False,
+        hidden_states=x, timestep=torch.full((rows,), 0.5), encoder_hidden_states=cond["embeds"][:rows],
+        encoder_hidden_states_mask=cond["mask"][:rows], img_shapes=[[(1, 8, 8)]] * rows, return_dict=False,
     )[0]  # fmt: skip
 
 
@@ -104,6 +105,11 @@ def test_conditioning_packs_round_trip_and_cfg_puts_the_negative_first():
         assert torch.equal(cond[key][:2], negative[key].expand_as(texts[key]))
         assert torch.equal(cond[key][2:], texts[key])
     assert adapter.text_identity()["max_sequence_length"] == 512
+    # the padding is exact: the full 512-token padding gives the output of the batch trimmed to its longest text
+    with torch.no_grad():
+        padded = denoise(adapter.trainable, texts, rows=2)
+        trimmed = denoise(adapter.trainable, {k: v[:, : int(lengths.max())] for k, v in texts.items()}, rows=2)
+    torch.testing.assert_close(padded, trimmed, atol=1e-6, rtol=0)
 
 
 def test_rl_step_warmup_step_and_exports_load_in_stock_diffusers(tmp_path):

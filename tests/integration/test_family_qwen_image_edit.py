@@ -52,7 +52,11 @@ def test_eta_zero_reproduces_the_stock_edit_pipeline(stock_resize_is_identity):
     prompts = ["make it brighter", "turn the square into a long blue stripe"]
     shape = adapter.latent_shape(32, 32)
     x0 = torch.randn((2, *shape), generator=torch.Generator().manual_seed(0))
-    cond = adapter.with_condition_images(adapter.encode(prompts), prompts, images, adapter.encode_images(images))
+    latents = adapter.encode_images(images)
+    with torch.no_grad():  # the stock edit pipeline's VAE encoding of its condition image
+        pixels = adapter.pipeline.image_processor.preprocess(images, 32, 32)[:, :, None]
+        torch.testing.assert_close(latents, adapter.pipeline._encode_vae_image(pixels, None)[:, :, 0], atol=0, rtol=0)
+    cond = adapter.with_condition_images(adapter.encode(prompts), prompts, images, latents)
     assert cond["reference"].shape == (4, *shape) and cond["embeds"].shape[0] == 4
     schedule, x = adapter.schedule(3, shape), x0
     with torch.no_grad():

@@ -9,9 +9,11 @@ random weights.
 | text encoder | Qwen2.5-VL, 1 layer of width 32, vision depth 1        | Qwen2.5-VL-7B (3584 wide)                     |
 | tokenizer    | byte-level BPE (every byte a token, no merges) + the   | Qwen2's 151k BPE                              |
 |              | chat-template special tokens                           |                                               |
+| processor    | (edit) Qwen2VL, images to at most 56 x 56 px           | Qwen2VLProcessor                              |
 
 The byte-level vocabulary tokenizes any text without unknown tokens, so the prompt template is ~200 tokens here
-(the real tokenizer: ~40); the pipelines drop the same fixed number of leading tokens either way.
+(the real tokenizer: ~40); the pipelines drop the same fixed number of leading tokens either way. About 0.26 M
+parameters (VAE 0.11 M, text encoder with its vision tower 0.05 M, transformer 0.09 M), 1.1 MB on disk.
 """
 
 from __future__ import annotations
