@@ -44,6 +44,7 @@ def test_recipes_lists_packaged_recipes():
         "ingest_parquet",
         "pipeline_demo",
         "prompts_file",
+        "sdxl_ddpo",
     ]
 
 
@@ -149,8 +150,9 @@ def test_an_unexpected_error_is_not_dressed_as_a_user_error(monkeypatch):
 
 
 def test_tiny_models_refuses_unknown_family_and_non_empty_folder(tmp_path):
-    result = run("tiny-models", str(tmp_path / "m"), "--family", "sdxl")
-    assert result.exit_code == 2 and "model family 'sdxl' is unknown: choose one of sd15, sd3" in result.stderr
+    result = run("tiny-models", str(tmp_path / "m"), "--family", "no_such_family")
+    assert result.exit_code == 2 and "model family 'no_such_family' is unknown: choose one of" in result.stderr
+    assert "sd15, sd3, sdxl" in result.stderr
     (tmp_path / "full").mkdir()
     (tmp_path / "full" / "x").write_text("keep me")
     result = run("tiny-models", str(tmp_path / "full"))
