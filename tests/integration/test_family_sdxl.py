@@ -12,7 +12,7 @@ from unirl_core.config import load_recipe
 from unirl_core.config.schema import WarmupConfig
 from unirl_core.data.groups import expand_groups
 from unirl_core.data.sources import build_source
-from unirl_core.models.families.sdxl import SDXL_BASE_UNET, SDXLFamily
+from unirl_core.models.families.sdxl import SDXLFamily
 from unirl_core.models.registry import build_family, resolve_model_path, write_tiny_model
 from unirl_core.rollout.rollout import run_rollout
 from unirl_core.rollout.samplers import LOG_SQRT_2PI
@@ -105,7 +105,24 @@ def test_conditioning_matches_encode_prompt_and_packs_losslessly(folder, pipe):
     assert unpacked.keys() == cond.keys() and all(torch.equal(unpacked[k], cond[k]) for k in cond)
     texts = family.encode_texts([""])
     assert texts["embeds"].any()  # "" as a prompt is encoded: only the negative half is zeroed
-    assert SDXLFamily.denoiser_configs["sdxl-base-1.0"] is SDXL_BASE_UNET
+
+
+def test_the_real_unet_config_builds_on_the_meta_device():
+    from diffusers import UNet2DConditionModel
+
+    with torch.device("meta"):
+        unet = UNet2DConditionModel.from_config(SDXLFamily.denoiser_configs["sdxl-base-1.0"])
+    assert sum(p.numel() for p in unet.parameters()) == 2_567_463_684  # SDXL base's 2.6 B
+    assert unet.add_embedding.linear_1.in_features == 1280 + 6 * 256
+
+
+@torch.no_grad()
+def test_a_float16_model_decodes_in_float32(folder):
+    half, full = SDXLFamily(folder, dtype="float16"), SDXLFamily(folder)
+    assert half.trainable.dtype == torch.float16 and half.pipeline.vae.dtype == torch.float32
+    latents = torch.randn((1, 4, 16, 16), generator=torch.Generator().manual_seed(0))
+    pixels = [torch.tensor(list(f.decode(latents)[0].getdata()), dtype=torch.float) for f in (half, full)]
+    assert (pixels[0] - pixels[1]).abs().max() <= 1  # the float16-rounded weights: one level at most
 
 
 def test_rollout_train_step_warmup_step_and_exports(folder, tmp_path):

@@ -12,12 +12,12 @@ Sampler: SDXL ships EulerDiscreteScheduler; the family samples with `DDIMSchedul
 diffusers does to swap a scheduler: SDXL base's config gives "leading" spacing with steps_offset 1 (50 steps: 981,
 961, ..., 1), set_alpha_to_one false, clip_sample false. The pipeline's own scheduler is left as it is (exports keep
 Euler). CFG follows the pipeline's `force_zeros_for_empty_prompt` (true for SDXL base): with no negative prompt
-(ours: "") the negative half is zeros, embeds and pooled.
+(ours: "") the negative half is zeros, embeds and pooled. A float16 model keeps its VAE in float32 (`force_upcast`:
+SDXL's VAE overflows in float16; the pipeline upcasts it to decode).
 """
 
 from __future__ import annotations
 
-import contextlib
 from functools import lru_cache
 from typing import ClassVar
 
@@ -78,6 +78,9 @@ class SDXLFamily(Family):
         from diffusers import DDIMScheduler
 
         super().__init__(path, *args, **kwargs)
+        vae = self.pipeline.vae
+        if vae is not None and vae.dtype == torch.float16 and vae.config.force_upcast:
+            vae.to(torch.float32)  # decode and encode in float32, as the pipeline decodes
         # DDPO's sampler on SDXL's noise schedule
         self.scheduler = DDIMScheduler.from_config(self.pipeline.scheduler.config)
         config = self.scheduler.config
@@ -177,29 +180,6 @@ class SDXLFamily(Family):
             self.guided(eps), x, self.alpha_prod(t), self.alpha_prod(t_prev), eta, prev_sample=prev_sample,
             generator=generator,
         )  # fmt: skip
-
-    # --- VAE ------------------------------------------------------------------------------------------------------
-
-    @contextlib.contextmanager
-    def _vae_float32(self):
-        """SDXL's VAE overflows in float16 (`force_upcast`): decode and encode in float32, as the pipeline does."""
-        vae = self.pipeline.vae
-        upcast = vae.dtype == torch.float16 and vae.config.force_upcast
-        if upcast:
-            vae.to(torch.float32)
-        try:
-            yield
-        finally:
-            if upcast:
-                vae.to(torch.float16)
-
-    def decode(self, latents: torch.Tensor, chunk: int = 8):
-        with self._vae_float32():
-            return super().decode(latents, chunk)
-
-    def encode_images(self, images) -> torch.Tensor:
-        with self._vae_float32():
-            return super().encode_images(images)
 
     # --- warm-up --------------------------------------------------------------------------------------------------
 
