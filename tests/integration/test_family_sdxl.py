@@ -126,7 +126,7 @@ def test_a_float16_model_decodes_in_float32(folder):
 
 
 def test_rollout_train_step_warmup_step_and_exports(folder, tmp_path):
-    from diffusers import DiffusionPipeline, UNet2DConditionModel
+    from diffusers import DiffusionPipeline, StableDiffusionXLPipeline, UNet2DConditionModel
     from peft import PeftModel
 
     config = load_recipe("demo", SMALL).train
@@ -152,8 +152,11 @@ def test_rollout_train_step_warmup_step_and_exports(folder, tmp_path):
         adapter.export_adapter(tmp_path / "adapter", folder)
         base = UNet2DConditionModel.from_pretrained(folder, subfolder="unet")
         assert not torch.allclose(unet_output(base, cond), trained)  # the training moved the output
-        torch.testing.assert_close(unet_output(PeftModel.from_pretrained(base, str(tmp_path / "adapter")), cond),
-                                   trained, atol=1e-5, rtol=1e-4)  # fmt: skip
+        peft_model = PeftModel.from_pretrained(base, str(tmp_path / "adapter"))
+        torch.testing.assert_close(unet_output(peft_model, cond), trained, atol=1e-5, rtol=1e-4)
+        stock = StableDiffusionXLPipeline.from_pretrained(folder)
+        stock.load_lora_weights(str(tmp_path / "adapter"))  # diffusers' pytorch_lora_weights.safetensors
+        torch.testing.assert_close(unet_output(stock.unet, cond), trained, atol=1e-5, rtol=1e-4)
         adapter.export_merged(tmp_path / "merged", folder)
         merged = DiffusionPipeline.from_pretrained(str(tmp_path / "merged"))
         assert type(merged.scheduler).__name__ == "EulerDiscreteScheduler"  # the stock sampler is kept

@@ -1,0 +1,75 @@
+"""`unirl plan`: real model sizes from configs on the meta device (no weights), and the memory terms' arithmetic."""
+
+from __future__ import annotations
+
+import pytest
+from typer.testing import CliRunner
+
+from flows.cli import app
+from unirl_core.config import load_recipe
+from unirl_core.models.real_sizes import VARIANTS, meta_pipeline, parameter_count
+from unirl_core.trainer.memory import GIB, memory_plan
+
+# published sizes in billions (model cards: SD3.5 Large 8.1 B, Medium 2.5 B; T5-XXL's encoder 4.76 B, OpenCLIP
+# bigG text 695 M, CLIP-L text 124 M, SD 1.5's UNet 860 M), within 2%; counted as parameters + buffers (SD3's
+# fixed position embedding is a buffer: 192^2 x 2432 = 90 M in Large, 384^2 x 1536 = 226 M in Medium)
+PUBLISHED = {
+    "sd3.5-medium": {"transformer": 2.5, "text_encoder": 0.124, "text_encoder_2": 0.695, "text_encoder_3": 4.76},
+    "sd3.5-large": {"transformer": 8.1},
+    "sd1.5": {"unet": 0.86, "text_encoder": 0.123, "vae": 0.0838},
+}
+
+
+@pytest.mark.parametrize("variant", sorted(PUBLISHED))
+def test_variants_have_their_published_sizes(variant):
+    components = meta_pipeline(variant)
+    assert all(p.device.type == "meta" for m in components.values() for p in m.parameters())  # nothing allocated
+    for name, billions in PUBLISHED[variant].items():
+        assert parameter_count(components[name]) / 1e9 == pytest.approx(billions, rel=0.02), name
+
+
+def test_every_variant_builds_and_names_a_known_family():
+    from unirl_core.models.registry import family_class
+
+    for name, variant in VARIANTS.items():
+        family = family_class(variant["family"])
+        assert family.denoiser_name in meta_pipeline(name), name
+
+
+def sd35(**overrides):
+    sets = {"train.sampling.height": 512, "train.sampling.width": 512, "train.ray.workers": 8,
+            "train.data.prompts_per_rollout": 16, "train.sampling.samples_per_prompt": 16,
+            "train.model.dtype": "bfloat16", "train.model.lora.rank": 32, "train.algorithm.micro_batch_size": 8,
+            **overrides}  # fmt: skip
+    return load_recipe("demo", [f"{k}={v}" for k, v in sets.items()]).train
+
+
+def test_terms_follow_the_documented_arithmetic():
+    plan = memory_plan(sd35(), "sd3.5-medium")
+    params = plan.parameters
+    assert plan.samples_per_worker == 32 and plan.tokens == 32 * 32 + 333  # 512 px / stride 16, CLIP 77 + T5 256
+    text = params["text_encoder"] + params["text_encoder_2"] + params["text_encoder_3"]
+    assert plan.training["text encoders"] == pytest.approx(text * 2 / GIB)  # bf16, on every worker
+    assert plan.training["trainable: weights, gradients, Adam"] == pytest.approx(16 * plan.trainable / 8 / GIB)
+    # activations: micro-batch 8, no CFG (demo guidance 1.0), 1357 tokens, width 24 x 64, 24 blocks, 34 bytes/2 x 2
+    assert plan.training["activations"] == pytest.approx(8 * 1357 * 1536 * 34 * 24 / GIB)
+    checkpointed = memory_plan(sd35(**{"train.fsdp.activation_checkpointing": "true"}), "sd3.5-medium")
+    assert checkpointed.training["activations (checkpointed)"] < plan.training["activations"] / 5
+    with_cfg = memory_plan(sd35(**{"train.sampling.guidance_scale": 4.5}), "sd3.5-medium")
+    assert with_cfg.training["activations"] == pytest.approx(2 * plan.training["activations"])
+    assert plan.largest()[0] == "training: activations"
+    more_workers = memory_plan(sd35(**{"train.ray.workers": 16}), "sd3.5-medium")
+    assert more_workers.training["denoiser weights (shard + one block)"] < plan.training[
+        "denoiser weights (shard + one block)"]  # fmt: skip
+
+
+def test_unirl_plan_prints_the_plan_and_refuses_a_mismatched_variant(tmp_path):
+    runner = CliRunner()
+    result = runner.invoke(app, ["plan", "demo", "--variant", "sd3.5-large"])
+    assert result.exit_code == 0, result.output
+    assert "transformer" in result.stdout and "8.146 B parameters" in result.stdout
+    assert "largest term:" in result.stdout and "GiB" in result.stdout
+    result = runner.invoke(app, ["plan", "demo", "--variant", "sd1.5"])
+    assert result.exit_code == 2 and "sd1.5 is a sd15 model but train.model.family is sd3" in result.stderr
+    result = runner.invoke(app, ["plan", "demo", "--set", f"train.model.path={tmp_path}"])
+    assert result.exit_code == 2 and "pass --variant, one of: sd3.5-large, sd3.5-medium" in result.stderr

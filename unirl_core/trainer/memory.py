@@ -1,0 +1,143 @@
+"""`unirl plan`: parameters and an estimate of per-worker memory for a recipe at its real model size, from the
+components built on the meta device (no weights, seconds).
+
+Terms (bytes; b = the model dtype's bytes, W = workers; FSDP2 shards the trained module over the workers):
+    denoiser      P_denoiser b / W + P_largest_block b           (its shard + one all-gathered block)
+    text/VAE      P b each, on every worker                       (frozen, not sharded)
+    trainable     16 P_trainable / W                              (fp32 weight, gradient, Adam's two moments)
+    rollout       N (1 + cfg) S h 12 b/2                          (one block's transients, no gradients: N samples
+                                                                   per worker, S tokens, h the width)
+    VAE decode    8 C0 H W 6 b                                    (a chunk of 8 images at full resolution, C0 the
+                                                                   decoder's widest full-resolution channel count)
+    training      M (1 + cfg) S h 34 b/2 x L                      (Korthikanti et al. 2022: ~34 s b h bytes per
+                  or x (2 L/34 + 1) with activation checkpointing  transformer layer at 16 bit; M the micro-batch)
+It is an estimate (+-30% on transformers; a UNet's per-level widths and token counts are folded into its first
+level's): it names the largest term, which is what a user changes (workers, micro-batch, checkpointing, caching).
+"""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import torch
+from pydantic import BaseModel, ConfigDict
+
+from unirl_core.models.dtypes import DTYPES
+from unirl_core.models.real_sizes import VARIANTS, meta_pipeline, parameter_count
+
+GIB = 1024**3
+TEXT_TOKENS_UNKNOWN = 256  # conditioning length assumed for a folder whose variant is unknown
+
+
+class MemoryPlan(BaseModel):
+    model_config = ConfigDict(frozen=True)
+
+    source: str  # the variant name or the pipeline folder the configs came from
+    family: str
+    parameters: dict[str, int]  # component -> parameters (+ buffers)
+    trainable: int
+    workers: int
+    samples_per_worker: int
+    tokens: int  # image tokens + conditioning tokens per sample
+    rollout: dict[str, float]  # term -> GiB per worker
+    training: dict[str, float]
+
+    @property
+    def rollout_total(self) -> float:
+        return sum(self.rollout.values())
+
+    @property
+    def training_total(self) -> float:
+        return sum(self.training.values())
+
+    def largest(self) -> tuple[str, float]:
+        terms = {**{f"rollout: {k}": v for k, v in self.rollout.items()},
+                 **{f"training: {k}": v for k, v in self.training.items()}}  # fmt: skip
+        return max(terms.items(), key=lambda item: item[1])
+
+
+def _width(config) -> int:
+    heads, head_dim = getattr(config, "num_attention_heads", None), getattr(config, "attention_head_dim", None)
+    if isinstance(heads, int) and isinstance(head_dim, int):
+        return heads * head_dim
+    return config.block_out_channels[0]  # a UNet: its first (full latent resolution) level
+
+
+def _trainable(denoiser: torch.nn.Module, lora) -> int:
+    if lora is None:
+        return sum(p.numel() for p in denoiser.parameters())
+    from peft import LoraConfig
+
+    with torch.device("meta"):
+        denoiser.add_adapter(LoraConfig(r=lora.rank, lora_alpha=lora.alpha, target_modules=list(lora.target_modules)))
+    return sum(p.numel() for name, p in denoiser.named_parameters() if "lora_" in name)
+
+
+def memory_plan(config, source: str) -> MemoryPlan:
+    """The plan of TrainConfig `config` with the components of `source` (a variant name or a pipeline folder)."""
+    from unirl_core.models.registry import family_class
+
+    family = family_class(config.model.family)
+    components = meta_pipeline(source)
+    denoiser = components[family.denoiser_name]
+    blocks = family.blocks(SimpleNamespace(trainable=denoiser))
+    largest_block = max(parameter_count(block) for block in blocks)
+    parameters = {name: parameter_count(module) for name, module in components.items()}
+    trainable = _trainable(denoiser, config.model.lora)
+
+    b = DTYPES[config.model.dtype].itemsize
+    workers = config.ray.workers
+    sampling = config.sampling
+    samples = config.data.prompts_per_rollout * sampling.samples_per_prompt // workers
+    cfg = 2 if sampling.guidance_scale > 1.0 and getattr(family, "guidance", "CFG") == "CFG" else 1
+    stride = family.latent_stride
+    text_tokens = VARIANTS.get(source, {}).get("text_tokens", TEXT_TOKENS_UNKNOWN)
+    tokens = (sampling.height // stride) * (sampling.width // stride) + text_tokens
+    width = _width(denoiser.config)
+    micro = config.algorithm.micro_batch_size or samples
+    text = sum(v for k, v in parameters.items() if k.startswith("text_encoder"))
+    vae_config = getattr(components.get("vae"), "config", None)
+    vae_width = min(getattr(vae_config, "block_out_channels", [128]))
+
+    weights = {
+        "denoiser weights (shard + one block)": (parameters[family.denoiser_name] / workers + largest_block) * b,
+        "text encoders": text * b,
+        "VAE": parameters.get("vae", 0) * b,
+    }
+    per_layer = micro * cfg * tokens * width * 34 * b / 2
+    layers = len(blocks)
+    checkpointing = config.fsdp.activation_checkpointing
+    rollout = {
+        **weights,
+        "denoiser activations": samples * cfg * tokens * width * 12 * b / 2,
+        "VAE decode (chunks of 8)": min(8, samples) * vae_width * sampling.height * sampling.width * 6 * b,
+    }
+    training = {
+        **weights,
+        "trainable: weights, gradients, Adam": 16 * trainable / workers,
+        "activations" + (" (checkpointed)" if checkpointing else ""): (
+            per_layer * (2 * layers / 34 + 1) if checkpointing else per_layer * layers
+        ),
+    }
+    return MemoryPlan(
+        source=source, family=family.name, parameters=parameters, trainable=trainable, workers=workers,
+        samples_per_worker=samples, tokens=tokens,
+        rollout={k: v / GIB for k, v in rollout.items()}, training={k: v / GIB for k, v in training.items()},
+    )  # fmt: skip
+
+
+def format_plan(plan: MemoryPlan) -> str:
+    lines = [f"model: {plan.family} from {plan.source} (configs only, no weights)"]
+    for name, count in plan.parameters.items():
+        lines.append(f"  {name:<16} {count / 1e9:8.3f} B parameters")
+    lines.append(f"  trainable        {plan.trainable / 1e6:8.2f} M parameters")
+    lines.append(
+        f"per worker ({plan.workers} workers, {plan.samples_per_worker} samples each, {plan.tokens} tokens a sample):"
+    )
+    for title, terms, total in (("rollout", plan.rollout, plan.rollout_total),
+                                ("training", plan.training, plan.training_total)):  # fmt: skip
+        lines.append(f"  {title}: {total:.1f} GiB")
+        lines += [f"    {name:<40} {gib:7.2f} GiB" for name, gib in terms.items()]
+    name, gib = plan.largest()
+    lines.append(f"largest term: {name} ({gib:.1f} GiB)")
+    return "\n".join(lines)
