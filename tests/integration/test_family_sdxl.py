@@ -106,6 +106,11 @@ def test_conditioning_matches_encode_prompt_and_packs_losslessly(folder, pipe):
     texts = family.encode_texts([""])
     assert texts["embeds"].any()  # "" as a prompt is encoded: only the negative half is zeroed
 
+    clean, noise = torch.randn((2, 1, 4, 8, 8), generator=torch.Generator().manual_seed(0))
+    schedule = family.schedule(4, (4, 8, 8))  # image-to-image starts from the noised image at a schedule step
+    expected = pipe.scheduler.add_noise(clean, noise, torch.tensor([schedule[2]]))
+    torch.testing.assert_close(family.noised(clean, noise, 2, schedule), expected, atol=1e-6, rtol=1e-6)
+
 
 def test_the_real_unet_config_builds_on_the_meta_device():
     from diffusers import UNet2DConditionModel
