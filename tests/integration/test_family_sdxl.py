@@ -33,6 +33,15 @@ SMALL = [
 ]
 
 
+@pytest.fixture(scope="module", autouse=True)
+def one_thread():
+    """The tiny model's ops are too small to share among threads: on a busy 2-core machine a second thread waits."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
 @pytest.fixture(scope="module")
 def folder() -> str:
     return resolve_model_path("tiny:sdxl")
