@@ -39,7 +39,8 @@ SDXL_SCHEDULER_CONFIG = {
 
 
 def build_sdxl():
-    """A complete tiny StableDiffusionXLPipeline (about 0.3 M parameters), no watermarker, no IP-Adapter encoder."""
+    """A complete tiny StableDiffusionXLPipeline (about 0.38 M parameters, the UNet 0.27 M), no watermarker, no
+    IP-Adapter image encoder."""
     from diffusers import EulerDiscreteScheduler, StableDiffusionXLPipeline, UNet2DConditionModel
     from transformers import CLIPTextModel, CLIPTextModelWithProjection
 
