@@ -44,6 +44,7 @@ def test_recipes_lists_packaged_recipes():
         "ingest_parquet",
         "pipeline_demo",
         "prompts_file",
+        "sdxl_ddpo",
     ]
 
 

@@ -23,6 +23,7 @@ BUILT_IN = {
     "sd15": "unirl_core.models.families.sd15:SD15Family",
     "qwen_image": "unirl_core.models.families.qwen_image:QwenImageFamily",
     "qwen_image_edit": "unirl_core.models.families.qwen_image:QwenImageEditFamily",
+    "sdxl": "unirl_core.models.families.sdxl:SDXLFamily",
 }
 _REGISTERED: dict[str, type[Family]] = {}
 
