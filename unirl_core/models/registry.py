@@ -21,6 +21,7 @@ from unirl_core.models.family import Family
 BUILT_IN = {
     "sd3": "unirl_core.models.families.sd3:SD3Family",
     "sd15": "unirl_core.models.families.sd15:SD15Family",
+    "flux2_klein": "unirl_core.models.families.flux2_klein:Flux2KleinFamily",
 }
 _REGISTERED: dict[str, type[Family]] = {}
 
