@@ -208,3 +208,15 @@ def test_an_edit_rollout_carries_the_condition_image(folder, tmp_path):
         edited = adapter.transition(x, 0, 0.0, rollout.cond, rollout.schedule).sample
         unconditioned = adapter.transition(x, 0, 0.0, text_only, rollout.schedule).sample
     assert not torch.allclose(edited, unconditioned, atol=1e-4)  # the reference tokens enter the denoiser
+
+
+def test_the_published_denoiser_configs_build_the_named_sizes():
+    """`denoiser_configs` are valid Flux2Transformer2DModel kwargs of about 4 B and 9 B parameters (meta device)."""
+    from diffusers import Flux2Transformer2DModel
+
+    sizes = {}
+    for variant, config in Flux2KleinFamily.denoiser_configs.items():
+        with torch.device("meta"):
+            sizes[variant] = sum(p.numel() for p in Flux2Transformer2DModel(**config).parameters()) / 1e9
+    assert 3.8 < sizes["flux2-klein-4b"] == sizes["flux2-klein-base-4b"] < 4.0
+    assert 9.0 < sizes["flux2-klein-9b"] == sizes["flux2-klein-base-9b"] < 9.2
