@@ -47,12 +47,6 @@ def our_loop(adapter, x, cond, num_steps: int) -> tuple[torch.Tensor, list[float
     return x, schedule
 
 
-def raw_latents(adapter, x: torch.Tensor) -> torch.Tensor:
-    """Our normalized patchified latents -> the raw VAE latents the pipeline returns for output_type='latent'."""
-    mean, std = adapter._bn_stats()
-    return adapter.pipeline._unpatchify_latents(x * std + mean)
-
-
 @pytest.mark.parametrize("variant", ["base_cfg", "distilled", "edit"])
 @torch.no_grad()
 def test_our_sampler_is_the_stock_pipeline(folder, variant):
@@ -76,7 +70,7 @@ def test_our_sampler_is_the_stock_pipeline(folder, variant):
     theirs = pipe(**kwargs, **extra, output_type="latent").images
     torch.testing.assert_close(torch.tensor(schedule), pipe.scheduler.sigmas, atol=0, rtol=0)
     torch.testing.assert_close(torch.tensor(schedule[:-1]) * 1000, pipe.scheduler.timesteps, atol=1e-4, rtol=0)
-    diff = (raw_latents(adapter, ours) - theirs).abs().max().item()
+    diff = (adapter.latents_to_vae(ours) - theirs).abs().max().item()
     assert diff < 1e-5, diff
     # the pipeline's output_type="np" tail on its latents
     images = pipe.image_processor.postprocess(pipe.vae.decode(theirs, return_dict=False)[0], output_type="np")
@@ -91,6 +85,8 @@ def test_vae_encoding_and_dynamic_shift_follow_the_pipeline(folder):
     image = Image.fromarray(np.random.default_rng(0).integers(0, 255, (SIZE, SIZE, 3), dtype=np.uint8))
     theirs = pipe._encode_vae_image(pipe.image_processor.preprocess(image), generator=None)
     torch.testing.assert_close(adapter.encode_images([image]), theirs.float(), atol=1e-6, rtol=0)
+    x = torch.randn(2, 8, 4, 4)
+    torch.testing.assert_close(adapter.latents_from_vae(adapter.latents_to_vae(x)), x, atol=1e-5, rtol=0)
     small, large = adapter.schedule(4, (8, 8, 8)), adapter.schedule(4, (8, 64, 64))
     assert small[0] == large[0] == 1.0 and all(a < b for a, b in zip(small[1:-1], large[1:-1], strict=True))
 

@@ -199,21 +199,29 @@ class Flux2KleinFamily(Family):
         std = torch.sqrt(vae.bn.running_var.view(1, -1, 1, 1).float() + vae.config.batch_norm_eps)
         return mean.to(self.device), std.to(self.device)
 
+    def latents_from_vae(self, raw_BcHW: torch.Tensor) -> torch.Tensor:
+        """Raw VAE latents [B, c, 2h, 2w] -> the loop's latents [B, 4c, h, w]: patchify 2x2, then
+        (z - bn mean) / bn std (the pipeline's `_encode_vae_image`; also what precached raw latents need)."""
+        mean, std = self._bn_stats()
+        return (self.pipeline._patchify_latents(raw_BcHW.to(self.device, torch.float32)) - mean) / std
+
+    def latents_to_vae(self, latents_BCHW: torch.Tensor) -> torch.Tensor:
+        """`latents_from_vae`'s inverse: x std + bn mean, unpatchify (the pipeline's tail before `vae.decode`)."""
+        mean, std = self._bn_stats()
+        return self.pipeline._unpatchify_latents(latents_BCHW.to(self.device, torch.float32) * std + mean)
+
     @torch.no_grad()
     def decode(self, latents: torch.Tensor, chunk: int = 8):
-        """Normalized patchified latents [B, 4c, h, w] -> PIL images: x std + mean, unpatchify, VAE decode."""
-        pipe, (mean, std) = self.pipeline, self._bn_stats()
-        images = []
+        """The loop's latents [B, 4c, h, w] -> PIL images."""
+        pipe, images = self.pipeline, []
         for start in range(0, latents.shape[0], chunk):
-            part = latents[start : start + chunk].to(self.device, torch.float32) * std + mean
-            decoded = pipe.vae.decode(pipe._unpatchify_latents(part).to(pipe.vae.dtype), return_dict=False)[0]
-            images += pipe.image_processor.postprocess(decoded, output_type="pil")
+            raw = self.latents_to_vae(latents[start : start + chunk]).to(pipe.vae.dtype)
+            images += pipe.image_processor.postprocess(pipe.vae.decode(raw, return_dict=False)[0], output_type="pil")
         return images
 
     @torch.no_grad()
     def encode_images(self, images) -> torch.Tensor:
-        """PIL images -> normalized patchified latents (the posterior mode, as the pipeline's `_encode_vae_image`)."""
-        pipe, (mean, std) = self.pipeline, self._bn_stats()
+        """PIL images -> the loop's latents, from the posterior mode (as the pipeline encodes reference images)."""
+        pipe = self.pipeline
         pixels = pipe.image_processor.preprocess(images).to(self.device, pipe.vae.dtype)
-        latents = pipe.vae.encode(pixels).latent_dist.mode().float()
-        return (pipe._patchify_latents(latents) - mean) / std
+        return self.latents_from_vae(pipe.vae.encode(pixels).latent_dist.mode())
