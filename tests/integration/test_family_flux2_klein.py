@@ -13,7 +13,7 @@ import torch
 from PIL import Image
 
 from unirl_core.config import recipe_from_tree
-from unirl_core.config.schema import LoraConfig, WarmupConfig
+from unirl_core.config.schema import WarmupConfig
 from unirl_core.data.groups import expand_groups
 from unirl_core.data.sources import build_source
 from unirl_core.models.families.flux2_klein import Flux2KleinFamily, pack, unpack
