@@ -12,15 +12,14 @@ the mean gain clears the margin and at least 2 of the 3 seeds do. The gains are 
 from __future__ import annotations
 
 import pytest
+from learning import assert_learns, gains_over_seeds
 from typer.testing import CliRunner
 
 from flows.cli import app
-from unirl_core.config import load_recipe
 
 pytestmark = pytest.mark.slow
 
-MARGIN = 0.05
-WINDOW = 4
+
 SD15 = [  # DDPO's sampler (DDIM eta 1); the early half of the steps stochastic; LoRA also on the output conv
     "train.model.family=sd15",
     "train.model.path=tiny:sd15",
@@ -28,30 +27,6 @@ SD15 = [  # DDPO's sampler (DDIM eta 1); the early half of the steps stochastic;
     "train.algorithm.eta=1.0",
     "train.algorithm.timestep_fraction=0.5",
 ]
-
-
-def reward_gain(overrides: list[str], seed: int, output_dir) -> tuple[float, list[dict]]:
-    from local_training import train_locally
-
-    config = load_recipe("demo", [*overrides, f"train.sampling.seed={seed}", f"train.data.seed={seed}"]).train
-    metrics = train_locally(config, output_dir)
-    rewards = [m["reward_mean"] for m in metrics]
-    return sum(rewards[-WINDOW:]) / WINDOW - sum(rewards[:WINDOW]) / WINDOW, metrics
-
-
-SEEDS = (0, 1, 2)
-
-
-def gains_over_seeds(overrides: list[str], tmp_path) -> tuple[list[float], list[list[dict]]]:
-    runs = [reward_gain(overrides, seed, tmp_path / f"seed{seed}") for seed in SEEDS]
-    return [gain for gain, _ in runs], [metrics for _, metrics in runs]
-
-
-def assert_learns(gains: list[float], runs: list[list[dict]]) -> None:
-    rewards = {seed: [round(m["reward_mean"], 3) for m in metrics] for seed, metrics in zip(SEEDS, runs, strict=True)}
-    message = f"gains {[round(g, 3) for g in gains]} for seeds {SEEDS}; rewards {rewards}"
-    assert sum(gains) / len(gains) > MARGIN, message
-    assert sum(gain > MARGIN for gain in gains) >= 2, message
 
 
 def test_tiny_sd3_with_lora_learns_jpeg_compressibility(tmp_path):

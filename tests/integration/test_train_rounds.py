@@ -141,7 +141,9 @@ def test_exports_load_with_from_pretrained_and_match_the_trained_model(reference
         "base_model_name_or_path"])  # fmt: skip
     peft_model = PeftModel.from_pretrained(base, str(adapter_dir))
     merged = StableDiffusion3Pipeline.from_pretrained(str(export_checkpoint(output_dir, tmp_path / "m", merged=True)))
-    stock = StableDiffusion3Pipeline.from_pretrained(str(Path(peft_model.peft_config["default"].base_model_name_or_path).parent))
+    stock = StableDiffusion3Pipeline.from_pretrained(
+        str(Path(peft_model.peft_config["default"].base_model_name_or_path).parent)
+    )
     stock.load_lora_weights(str(adapter_dir))  # diffusers' own LoRA loader, alpha/rank from the metadata
     torch.manual_seed(0)
     x = torch.randn(1, 4, 16, 16)
