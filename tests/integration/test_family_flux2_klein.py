@@ -87,6 +87,12 @@ def test_vae_encoding_and_dynamic_shift_follow_the_pipeline(folder):
     torch.testing.assert_close(adapter.encode_images([image]), theirs.float(), atol=1e-6, rtol=0)
     x = torch.randn(2, 8, 4, 4)
     torch.testing.assert_close(adapter.latents_from_vae(adapter.latents_to_vae(x)), x, atol=1e-5, rtol=0)
+    from unirl_core.precache.encoders import PipelineImageEncoder, PipelinePromptEncoder
+
+    precached = PipelineImageEncoder(folder, "flux2_klein").encode(pipe.image_processor.preprocess(image))
+    torch.testing.assert_close(precached, theirs.float(), atol=1e-6, rtol=0)  # precache = the loop's latent space
+    packed = PipelinePromptEncoder(folder, "flux2_klein").encode(PROMPTS)
+    torch.testing.assert_close(packed, adapter.encode_texts(PROMPTS)["embeds"], atol=1e-6, rtol=0)
     small, large = adapter.schedule(4, (8, 8, 8)), adapter.schedule(4, (8, 64, 64))
     assert small[0] == large[0] == 1.0 and all(a < b for a, b in zip(small[1:-1], large[1:-1], strict=True))
 

@@ -78,6 +78,7 @@ class Flux2KleinFamily(Family):
     latent_stride = 16  # VAE 8 x patchify 2
     text_only_skip = ("transformer", "vae")
     condition_mode = "reference"  # Klein edits: the condition image's tokens join the sequence (time id 10)
+    guidance = "true CFG, empty negative (base); none (distilled)"
     max_sequence_length = 512  # the pipeline's default
     text_encoder_out_layers = (9, 18, 27)  # the pipeline's default: Qwen3 hidden states stacked per token
     # UniRL's FLUX.2-klein GRPO LoRA (Tencent-Hunyuan/UniRL examples/diffusion/flux2_klein/flux2_klein_trainside.yaml):
@@ -220,8 +221,8 @@ class Flux2KleinFamily(Family):
         return images
 
     @torch.no_grad()
-    def encode_images(self, images) -> torch.Tensor:
-        """PIL images -> the loop's latents, from the posterior mode (as the pipeline encodes reference images)."""
-        pipe = self.pipeline
-        pixels = pipe.image_processor.preprocess(images).to(self.device, pipe.vae.dtype)
-        return self.latents_from_vae(pipe.vae.encode(pixels).latent_dist.mode())
+    def encode_pixels(self, pixels: torch.Tensor) -> torch.Tensor:
+        """Pixels [B, 3, H, W] in [-1, 1] -> the loop's latents, from the posterior mode (as the pipeline encodes
+        reference images). `encode_images` (PIL, the pipeline's image processor) and precache go through here."""
+        vae = self.pipeline.vae
+        return self.latents_from_vae(vae.encode(pixels.to(self.device, vae.dtype)).latent_dist.mode())
