@@ -24,6 +24,7 @@ BUILT_IN = {
     "qwen_image": "unirl_core.models.families.qwen_image:QwenImageFamily",
     "qwen_image_edit": "unirl_core.models.families.qwen_image:QwenImageEditFamily",
     "sdxl": "unirl_core.models.families.sdxl:SDXLFamily",
+    "flux2_klein": "unirl_core.models.families.flux2_klein:Flux2KleinFamily",
 }
 _REGISTERED: dict[str, type[Family]] = {}
 
