@@ -21,6 +21,9 @@ from unirl_core.models.family import Family
 BUILT_IN = {
     "sd3": "unirl_core.models.families.sd3:SD3Family",
     "sd15": "unirl_core.models.families.sd15:SD15Family",
+    "flux": "unirl_core.models.families.flux:FluxFamily",
+    "flux_schnell": "unirl_core.models.families.flux:FluxSchnellFamily",
+    "flux_kontext": "unirl_core.models.families.flux:FluxKontextFamily",
 }
 _REGISTERED: dict[str, type[Family]] = {}
 
