@@ -337,9 +337,14 @@ def run(
 @app.command()
 def demo(
     rows: Annotated[int, typer.Option(help="Good rows of the synthetic dataset (3 bad rows are added).", min=8)] = 64,
+    family: Annotated[
+        str, typer.Option(help="Model family of the tiny model trained (`unirl families` lists them).")
+    ] = "sd3",
+    set_: Annotated[list[str] | None, typer.Option("--set", "-s", help="Override: dotted.key=value.")] = None,
 ) -> None:
     """The whole pipeline on this machine's CPU: a synthetic dataset (procedural images + captions) -> ingest ->
-    precache -> a supervised warm-up round -> 3 RL rounds on 2 Ray workers; prints what happened and where to look."""
+    precache -> a supervised warm-up round -> 3 RL rounds on 2 Ray workers; prints what happened and where to look.
+    `--family flux` runs the same chain on that family's tiny model (its VAE latents, its conditioning)."""
     from unirl_core.data.synthetic import synthetic_prompts, write_synthetic_parquet
     from unirl_core.io.storage import write_bytes_atomic
     from unirl_core.workspace import workspace as current
@@ -352,7 +357,22 @@ def demo(
     os.environ.setdefault("INPUT_PARQUET", str(parquet))
     os.environ.setdefault("DATA_PATH", str(prompts))
     typer.echo(f"synthetic dataset: {parquet} ({rows} good rows + 3 bad ones)")
-    _run_pipeline(_recipe("pipeline_demo", []))
+    _run_pipeline(_recipe("pipeline_demo", [*demo_family_overrides(family), *(set_ or [])]))
+
+
+def demo_family_overrides(family: str) -> list[str]:
+    """pipeline_demo on another tiny family: the model trained and both precache encoders switched to it."""
+    from unirl_core.models.registry import UnknownFamilyError, family_class
+
+    try:
+        family_class(family)
+    except UnknownFamilyError as exc:
+        raise _fail(f"error: --family: {exc}") from None
+    overrides = [f"train.model.family={family}", f"train.model.path=tiny:{family}"]
+    for index in (0, 1):  # the image latents, the prompt conditioning
+        overrides += [f"precache.encodings.{index}.encoder_config.pretrained=tiny:{family}",
+                      f"precache.encodings.{index}.encoder_config.family={family}"]  # fmt: skip
+    return overrides
 
 
 def _run_pipeline(recipe) -> None:
@@ -531,10 +551,27 @@ def shards_inspect(
         sys.stdout.write(json.dumps(record, ensure_ascii=False) + "\n")
 
 
+@app.command()
+def families() -> None:
+    """List the model families `train.model.family` accepts: the diffusers pipeline each loads, what it trains,
+    how it is sampled and guided, and how a condition image enters."""
+    from unirl_core.models.registry import family_class, family_names
+
+    modes = {"start": "image-to-image", "reference": "edit (reference image)"}
+    rows = [("family", "pipeline", "denoiser", "sampler", "guidance", "condition image")]
+    for name in family_names():
+        cls = family_class(name)
+        rows.append((name, cls.pipeline_class, cls.denoiser_name, cls.sampler, cls.guidance,
+                     modes.get(cls.condition_mode, cls.condition_mode)))  # fmt: skip
+    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
+    for row in rows:
+        typer.echo("  ".join(cell.ljust(width) for cell, width in zip(row, widths, strict=True)).rstrip())
+
+
 @app.command("tiny-models")
 def tiny_models(
     out_dir: Annotated[Path, typer.Argument(help="New folder for the diffusers pipeline.")],
-    family: Annotated[str, typer.Option(help="Model family: sd3 (flow matching) or sd15 (DDIM).")] = "sd3",
+    family: Annotated[str, typer.Option(help="Model family (`unirl families` lists them).")] = "sd3",
     seed: Annotated[int, typer.Option(help="Seed of the random weights (same seed, same files).")] = 0,
 ) -> None:
     """Write a tiny diffusers pipeline folder (real architecture, random weights) for tests and demos."""

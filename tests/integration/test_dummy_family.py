@@ -81,7 +81,9 @@ def test_the_family_makes_its_own_choices(config):
     folder = resolve_model_path("tiny:dummy_flow")
     sd3 = build_family(config.model.model_copy(update={"family": "sd3", "path": folder}), config.sampling)
     assert adapter.schedule(4, (4, 16, 16)) == [1.0, 0.75, 0.5, 0.25, 0.0]
-    assert sd3.schedule(4, (4, 16, 16)) != adapter.schedule(4, (4, 16, 16))  # same folder, same scheduler config: SD3 shifts its sigmas
+    assert sd3.schedule(4, (4, 16, 16)) != adapter.schedule(
+        4, (4, 16, 16)
+    )  # same folder, same scheduler config: SD3 shifts its sigmas
 
     cond = adapter.encode_texts(["a red cube", "a blue ball"])
     assert set(cond) == {"text_tokens", "text_pooled"}
@@ -91,7 +93,9 @@ def test_the_family_makes_its_own_choices(config):
     assert adapter.text_identity()["family"] == "dummy_flow"
 
     clean, noise = torch.zeros(1, 4, 16, 16), torch.ones(1, 4, 16, 16)
-    assert torch.equal(adapter.noised(clean, noise, 2, adapter.schedule(4, (4, 16, 16))), torch.full((1, 4, 16, 16), 0.5))
+    assert torch.equal(
+        adapter.noised(clean, noise, 2, adapter.schedule(4, (4, 16, 16))), torch.full((1, 4, 16, 16), 0.5)
+    )
     latents = adapter.encode_images([cases.procedural(32, 32, seed=s) for s in range(2)])
     sd3_cond = sd3.encode_texts(["a red cube", "a blue ball"])
     ours = adapter.denoising_loss(latents, cond, torch.Generator().manual_seed(1))

@@ -141,6 +141,10 @@ def test_exports_load_with_from_pretrained_and_match_the_trained_model(reference
         "base_model_name_or_path"])  # fmt: skip
     peft_model = PeftModel.from_pretrained(base, str(adapter_dir))
     merged = StableDiffusion3Pipeline.from_pretrained(str(export_checkpoint(output_dir, tmp_path / "m", merged=True)))
+    stock = StableDiffusion3Pipeline.from_pretrained(
+        str(Path(peft_model.peft_config["default"].base_model_name_or_path).parent)
+    )
+    stock.load_lora_weights(str(adapter_dir))  # diffusers' own LoRA loader, alpha/rank from the metadata
     torch.manual_seed(0)
     x = torch.randn(1, 4, 16, 16)
     inputs = {"hidden_states": x, "timestep": torch.tensor([500.0]), "encoder_hidden_states": torch.randn(1, 8, 64),
@@ -149,6 +153,7 @@ def test_exports_load_with_from_pretrained_and_match_the_trained_model(reference
         expected = trained.trainable(**inputs)[0]
         assert torch.allclose(peft_model(**inputs)[0], expected, atol=1e-5)
         assert torch.allclose(merged.transformer(**inputs)[0], expected, atol=1e-4)
+        assert torch.allclose(stock.transformer(**inputs)[0], expected, atol=1e-5)
         with trained.reference():
             untrained = trained.trainable(**inputs)[0]
     assert not torch.allclose(untrained, expected, atol=1e-4)  # the export carries the training

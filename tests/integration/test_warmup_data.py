@@ -56,6 +56,18 @@ def test_batches_equal_what_the_adapter_computes(cache, sd3):
         split_batch(batch, 3)
 
 
+def test_family_image_encoder_stores_the_latents_the_family_computes(cache, sd3, tmp_path):
+    """`PipelineImageEncoder` (any family's own VAE normalization) gives SD3 the same latents as the
+    AutoencoderKLEncoder cache, shifted and scaled on read."""
+    config, sources = make_warmup_cache(tmp_path, latent_key="sd3_latent", text_key="sd3_prompt", family="sd3")
+    batch = warmup(config, shuffle=False).next_batch()
+    reference = warmup(cache[0], shuffle=False).next_batch()
+    assert batch["keys"] == reference["keys"]
+    torch.testing.assert_close(batch["latents"], reference["latents"], atol=1e-6, rtol=0)
+    image, _ = sources[batch["keys"][0]]
+    torch.testing.assert_close(batch["latents"][0], sd3.encode_images([image])[0], atol=1e-4, rtol=0)
+
+
 def test_resume_continues_with_exactly_the_next_batch(cache):
     config, _ = cache
     data = warmup(config, batch_size=3, seed=7)  # 2 batches per epoch: crosses epochs

@@ -15,9 +15,15 @@ CAPTIONS = ["a red square", "two blue circles", "a green gradient at dusk", "str
 
 
 def make_warmup_cache(
-    folder: Path, latent_key: str = "image_latent", text_key: str = "prompt_conditioning", per_shard: int = 4
+    folder: Path,
+    latent_key: str = "image_latent",
+    text_key: str = "prompt_conditioning",
+    per_shard: int = 4,
+    family: str | None = None,
 ) -> tuple[PrecacheConfig, dict]:
-    """Returns the PrecacheConfig (its output_dir holds the finished cache) and {sample key: (image, caption)}."""
+    """Returns the PrecacheConfig (its output_dir holds the finished cache) and {sample key: (image, caption)}.
+    `family`: latents from that family's `PipelineImageEncoder` (and its prompt conditioning) instead of the tiny
+    SD3's `AutoencoderKLEncoder`."""
     sources = {}
     for shard in range(2):
         with TarShardWriter(str(folder / "src" / f"{shard:05d}.tar")) as writer:
@@ -27,6 +33,10 @@ def make_warmup_cache(
                 writer.write(f"{number:09d}", {"png": cases.encode(image, "PNG"), "txt": caption.encode()})
                 sources[f"{shard:05d}.tar/{number:09d}"] = (image, caption)
             writer.commit()
+    latent_encoder = {"cls": "unirl_core.precache.encoders.AutoencoderKLEncoder", "pretrained": "tiny:sd3"}
+    if family:
+        latent_encoder = {"cls": "unirl_core.precache.encoders.PipelineImageEncoder", "pretrained": f"tiny:{family}",
+                          "family": family}  # fmt: skip
     config = PrecacheConfig.model_validate(
         {
             "input_dir": str(folder / "src"),
@@ -36,10 +46,10 @@ def make_warmup_cache(
             "image_transform": {"size": 32},
             "encodings": [
                 {"modality": "image", "extension": "png", "key": latent_key, "precision": 32,
-                 "encoder_config": {"cls": "unirl_core.precache.encoders.AutoencoderKLEncoder", "pretrained": "tiny:sd3"}},
+                 "encoder_config": latent_encoder},
                 {"modality": "text", "extension": "txt", "key": text_key, "precision": 32,
-                 "encoder_config": {"cls": "unirl_core.precache.encoders.PipelinePromptEncoder", "pretrained": "tiny:sd3",
-                                    "family": "sd3"}},
+                 "encoder_config": {"cls": "unirl_core.precache.encoders.PipelinePromptEncoder",
+                                    "pretrained": f"tiny:{family or 'sd3'}", "family": family or "sd3"}},
             ],
         }
     )  # fmt: skip

@@ -149,13 +149,28 @@ def test_an_unexpected_error_is_not_dressed_as_a_user_error(monkeypatch):
 
 
 def test_tiny_models_refuses_unknown_family_and_non_empty_folder(tmp_path):
-    result = run("tiny-models", str(tmp_path / "m"), "--family", "sdxl")
-    assert result.exit_code == 2 and "model family 'sdxl' is unknown: choose one of sd15, sd3" in result.stderr
+    from unirl_core.models.registry import family_names
+
+    result = run("tiny-models", str(tmp_path / "m"), "--family", "sd4")
+    assert result.exit_code == 2
+    assert f"model family 'sd4' is unknown: choose one of {', '.join(family_names())}" in result.stderr
     (tmp_path / "full").mkdir()
     (tmp_path / "full" / "x").write_text("keep me")
     result = run("tiny-models", str(tmp_path / "full"))
     assert result.exit_code == 2 and "is not an empty folder" in result.stderr
     assert (tmp_path / "full" / "x").read_text() == "keep me"
+
+
+def test_families_lists_every_family_and_demo_refuses_an_unknown_one():
+    from unirl_core.models.registry import family_class, family_names
+
+    result = run("families")
+    assert result.exit_code == 0, result.output
+    rows = {line.split()[0]: line for line in result.stdout.splitlines()[1:]}
+    assert sorted(rows) == family_names() and "StableDiffusionPipeline" in rows["sd15"]
+    assert family_class("sd15").sampler in result.stdout and "image-to-image" in result.stdout
+    result = run("demo", "--family", "sd4")
+    assert result.exit_code == 2 and "--family: model family 'sd4' is unknown" in result.stderr
 
 
 def test_workspace_follows_unirl_home(tmp_path):

@@ -12,10 +12,10 @@ not). An instance is the model the loop drives (it is called `adapter` there).
 | scheduler, sampler   | `schedule(n, shape)`, `transition(x, i, eta, cond, schedule, ...)`, `noised(x0, noise, i)` |
 | condition images     | `condition_mode`: "start" (image-to-image from the noised image) or "reference" (edit     |
 |                      | models: `with_condition_images(cond, prompts, images, latents)` adds it to the conditioning)|
-| VAE                  | `decode(latents)`, `encode_images(images)`                                                |
+| VAE                  | `decode(latents)`, `encode_images(images)`, `encode_pixels(pixels)` (precache)           |
 | CFG                  | `cfg`, `select(cond, index)`, `guided(output)`                                            |
 | warm-up target       | `denoising_loss(x0, cond, generators)`                                                    |
-| export               | `export_adapter(folder, base_path)` (peft), `export_merged(folder, base_path)` (pipeline) |
+| export               | `export_adapter(folder, base)` (peft + diffusers LoRA), `export_merged(folder, base)`     |
 
 Adding a family is one file in `models/families/` (a `Family` subclass decorated with `@register`, see
 `models/registry.py`) plus its registry line; nothing in the loop changes. The generic parts below assume a diffusers
@@ -48,6 +48,8 @@ class Family(ABC):
     # noised image (image-to-image, `sampling.condition_strength`); "reference" denoises from noise with the image
     # in the conditioning (edit models: FLUX.1-Kontext, Qwen-Image-Edit), see `with_condition_images`
     condition_mode: ClassVar[str] = "start"
+    sampler: ClassVar[str] = "flow SDE"  # how rollouts sample (shown by `unirl families`)
+    guidance: ClassVar[str] = "CFG"  # how `sampling.guidance_scale` is used (shown by `unirl families`)
 
     def __init__(
         self,
@@ -58,13 +60,19 @@ class Family(ABC):
         guidance_scale: float = 4.5,
         negative_prompt: str = "",
         text_only: bool = False,
+        vae_only: bool = False,
     ):
         """Load the pipeline folder `path` (already resolved: see `registry.resolve_model_path`), freeze it, add
-        the LoRA adapter (or unfreeze the denoiser for full fine-tuning). `text_only`: the text encoders alone."""
+        the LoRA adapter (or unfreeze the denoiser for full fine-tuning). `text_only`: the text encoders alone;
+        `vae_only`: the VAE alone (precache)."""
         import diffusers
 
+        pipeline_class = getattr(diffusers, self.pipeline_class)
         skipped = {name: None for name in self.text_only_skip} if text_only else {}
-        pipeline = getattr(diffusers, self.pipeline_class).from_pretrained(path, dtype=DTYPES[dtype], **skipped)
+        if vae_only:
+            components = pipeline_class.load_config(path)
+            skipped = {k: None for k, v in components.items() if isinstance(v, list) and k not in ("vae", "scheduler")}
+        pipeline = pipeline_class.from_pretrained(path, dtype=DTYPES[dtype], **skipped)
         self.pipeline = pipeline.to(device)
         self.pipeline.set_progress_bar_config(disable=True)
         self.device, self.dtype = torch.device(device), DTYPES[dtype]
@@ -74,7 +82,7 @@ class Family(ABC):
             if isinstance(module, torch.nn.Module):
                 module.requires_grad_(False)
         self.has_lora = lora is not None
-        if text_only:
+        if text_only or vae_only:
             return
         self.trainable = getattr(pipeline, self.denoiser_name)
         if lora is not None:
@@ -210,9 +218,14 @@ class Family(ABC):
     @torch.no_grad()
     def encode_images(self, images) -> torch.Tensor:
         """PIL images -> scaled VAE latents (the posterior mean), float32: the inverse of `decode`."""
+        return self.encode_pixels(self.pipeline.image_processor.preprocess(images))
+
+    @torch.no_grad()
+    def encode_pixels(self, pixels: torch.Tensor) -> torch.Tensor:
+        """Pixels [B, 3, H, W] in [-1, 1] -> scaled VAE latents [B, C, h, w] (the posterior mean), float32:
+        (mean - shift_factor) * scaling_factor. Precache stores these (`PipelineImageEncoder`)."""
         vae = self.pipeline.vae
-        pixels = self.pipeline.image_processor.preprocess(images).to(self.device, vae.dtype)
-        latents = vae.encode(pixels).latent_dist.mean.float()
+        latents = vae.encode(pixels.to(self.device, vae.dtype)).latent_dist.mean.float()
         if getattr(vae.config, "shift_factor", None) is not None:
             latents = latents - vae.config.shift_factor
         return latents * vae.config.scaling_factor
@@ -247,17 +260,26 @@ class Family(ABC):
     # --- export -------------------------------------------------------------------------------------------------
 
     def export_adapter(self, folder: Path, base_path: str) -> None:
-        """The LoRA as a peft adapter folder: `PeftModel.from_pretrained(<base denoiser>, folder)`."""
+        """The LoRA in both forms users load, in one folder:
+        - peft: `adapter_config.json` + `adapter_model.safetensors`, `PeftModel.from_pretrained(<denoiser>, folder)`;
+        - diffusers: `pytorch_lora_weights.safetensors` (with the LoRA config as metadata, so alpha/rank holds),
+          `<Pipeline>.from_pretrained(base).load_lora_weights(folder)`."""
+        import diffusers
         from peft import get_peft_model_state_dict
         from safetensors.torch import save_file
 
-        state = get_peft_model_state_dict(self.trainable, adapter_name="default")
+        state = {
+            k: v.contiguous() for k, v in get_peft_model_state_dict(self.trainable, adapter_name="default").items()
+        }
         # PeftModel's own layout: keys under base_model.model., the config with the base model's location
-        save_file({f"base_model.model.{k}": v.contiguous() for k, v in state.items()},
-                  str(folder / "adapter_model.safetensors"))  # fmt: skip
+        save_file({f"base_model.model.{k}": v for k, v in state.items()}, str(folder / "adapter_model.safetensors"))
         peft_config = self.trainable.peft_config["default"]
         peft_config.base_model_name_or_path = f"{base_path}/{self.denoiser_name}"
         peft_config.save_pretrained(str(folder))
+        getattr(diffusers, self.pipeline_class).save_lora_weights(
+            str(folder), **{f"{self.denoiser_name}_lora_layers": state,
+                            f"{self.denoiser_name}_lora_adapter_metadata": peft_config.to_dict()},
+        )  # fmt: skip
 
     def export_merged(self, folder: Path, base_path: str) -> None:
         """The whole pipeline with the LoRA merged into the denoiser's base weights (`save_pretrained`)."""

@@ -9,6 +9,7 @@ Built-ins load real pretrained folders or hub ids with `from_pretrained` (tiny f
 | CLIPTextEncoder       | list of B strings          | (last hidden state [B,T,D], attention mask [B,T])                |
 | T5TextEncoder         | list of B strings          | (last hidden state [B,T,D], attention mask [B,T])                |
 | PipelinePromptEncoder | list of B strings          | a model family's conditioning, packed: [B,T,D] or [B,T+1,D]      |
+| PipelineImageEncoder  | images [B,3,H,W] in [-1,1] | a model family's scaled latents [B,C,h,w] (its VAE, its scaling) |
 
 `pretrained` may also be `tiny:<family>` (the test models, see `unirl_core.models.tiny`).
 `encoder_identity` fingerprints the class, its kwargs and its weights: a cache built with other weights is refused.
@@ -115,6 +116,24 @@ class PipelinePromptEncoder(torch.nn.Module):
     def encode(self, texts: list[str]) -> torch.Tensor:
         self.family.device = next(self.parameters()).device  # moved by `.to()` after loading
         return self.family.pack_conditioning(self.family.encode_texts(list(texts)))
+
+
+class PipelineImageEncoder(torch.nn.Module):
+    """The image latents of a model family, computed by that family (`encode_pixels`: its VAE and its latent
+    normalization: scaling/shift, per-channel statistics, patchifying) on the pipeline's VAE loaded alone, so
+    precached latents are what the family's rollouts and warm-up use, for every family (AutoencoderKLEncoder
+    covers AutoencoderKL only and stores the unscaled distribution)."""
+
+    def __init__(self, pretrained: str, family: str):
+        super().__init__()
+        from unirl_core.models.registry import family_class
+
+        self.family = family_class(family)(resolve_model_path(pretrained), vae_only=True)
+        self.vae = self.family.pipeline.vae  # registered, so `.to()` and the identity fingerprint cover it
+
+    def encode(self, images: torch.Tensor) -> torch.Tensor:
+        self.family.device = next(self.parameters()).device  # moved by `.to()` after loading
+        return self.family.encode_pixels(images)
 
 
 _BUILD_LOCK = threading.Lock()  # from_pretrained patches torch globals while loading (meta-device init): one at a time

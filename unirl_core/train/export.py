@@ -2,7 +2,8 @@
 `.distcp` files into a plain module).
 
     LoRA, default:   a peft adapter folder (adapter_config.json + adapter_model.safetensors):
-                     PeftModel.from_pretrained(<the base denoiser>, folder)
+                     PeftModel.from_pretrained(<the base denoiser>, folder); and the same LoRA in diffusers' form
+                     (pytorch_lora_weights.safetensors): <PipelineClass>.from_pretrained(base).load_lora_weights(folder)
     --merged / full: the whole diffusers pipeline with the LoRA merged into the denoiser:
                      <PipelineClass>.from_pretrained(folder)
 """

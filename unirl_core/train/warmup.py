@@ -37,14 +37,18 @@ from unirl_core.precache.read import encoding_spans, read_encodings, read_sample
 
 PROMPT_ENCODER = "unirl_core.precache.encoders.PipelinePromptEncoder"
 LATENT_ENCODER = "unirl_core.precache.encoders.AutoencoderKLEncoder"
+IMAGE_ENCODER = "unirl_core.precache.encoders.PipelineImageEncoder"  # already the family's scaled latents
 logger = logging.getLogger(__name__)
 
 
 def latents_from_encoding(encoding: torch.Tensor, vae_config: Mapping, stored: str = "parameters") -> torch.Tensor:
     """An `AutoencoderKLEncoder` encoding ([2C,h,w] or [B,2C,h,w] for `stored="parameters"`: mean, then
     log-variance on the channel axis; [C,h,w] for `mean`/`sample`) -> scaled float32 latents [..., C, h, w]:
-    (mean - shift_factor) * scaling_factor, exactly `_Adapter.encode_images`. `vae_config`: the VAE's config."""
+    (mean - shift_factor) * scaling_factor, exactly `Family.encode_pixels`. `vae_config`: the VAE's config.
+    `stored="scaled"`: a `PipelineImageEncoder` encoding, already the family's scaled latents."""
     latents = encoding.float()
+    if stored == "scaled":
+        return latents
     if stored == "parameters":
         latents = latents.chunk(2, dim=-3)[0]  # DiagonalGaussianDistribution's split: mean, logvar
     if vae_config.get("shift_factor") is not None:
@@ -90,18 +94,20 @@ class WarmupData(EpochCursor):
         self.precache, self.folder = precache, precache.output_dir
         self.batch_size, self.seed, self.shuffle, self.trusted = batch_size, seed, shuffle, trusted
         self.latent_key, self.text_key = latent_key, text_key
-        self.latent_config = self._encoder_config(latent_key, LATENT_ENCODER)
+        self.latent_config = self._encoder_config(latent_key, LATENT_ENCODER, IMAGE_ENCODER)
         self.text_config = self._encoder_config(text_key, PROMPT_ENCODER)
         self.family: str = self.text_config["family"]  # the adapter family the conditioning is for
         self.epoch, self.batch_in_epoch = 0, 0
         self._keys: list[str] | None = None
 
-    def _encoder_config(self, key: str, cls: str) -> dict[str, Any]:
+    def _encoder_config(self, key: str, *classes: str) -> dict[str, Any]:
         specs = {spec.key: spec.encoder_config.model_dump() for spec in self.precache.encodings}
         if key not in specs:
             raise ValueError(f"{self.folder}: the precache has no encoding {key!r}; it has {sorted(specs)}")
-        if specs[key]["cls"] != cls:
-            raise ValueError(f"{self.folder}: encodings[{key}] is built by {specs[key]['cls']}; warm-up needs {cls}")
+        if specs[key]["cls"] not in classes:
+            raise ValueError(
+                f"{self.folder}: encodings[{key}] is built by {specs[key]['cls']}; warm-up needs {' or '.join(classes)}"
+            )
         return specs[key]
 
     def _load(self) -> None:
@@ -109,8 +115,11 @@ class WarmupData(EpochCursor):
         The pass decodes each sample once to check it (both encodings present, one shape across the cache)."""
         if self._keys is not None:
             return
-        self._vae = _vae_config(self.latent_config)
-        self._stored = self.latent_config.get("latent", "parameters")
+        if self.latent_config["cls"] == IMAGE_ENCODER:
+            self._vae, self._stored = {}, "scaled"
+        else:
+            self._vae = _vae_config(self.latent_config)
+            self._stored = self.latent_config.get("latent", "parameters")
         if self._stored == "sample":
             logger.warning("%s: latents were stored as one VAE sample each; warm-up uses it, not the mean", self.folder)
         rows, shapes = [], {"latents": {}, "conditioning": {}}

@@ -14,6 +14,7 @@ class SD15Family(Family):
     name, pipeline_class, denoiser_name = "sd15", "StableDiffusionPipeline", "unet"
     latent_stride = 8  # VAE 8
     text_only_skip = ("unet", "vae", "safety_checker", "feature_extractor")
+    sampler = "DDIM + eta"
 
     @classmethod
     def build_tiny(cls):
