@@ -93,6 +93,7 @@ class FluxFamily(Family):
     name, pipeline_class, denoiser_name = "flux", "FluxPipeline", "transformer"
     latent_stride = 16  # VAE 8 x patch 2 (the tiny VAE's 2 x 2 = 4 divides it: any valid size works there too)
     text_only_skip = ("transformer", "vae")
+    guidance = "embedded (distilled), no CFG"
     max_sequence_length: ClassVar[int] = 512  # T5 tokens: FluxPipeline's default (FLUX.1-dev)
     lora_targets: ClassVar[tuple[str, ...]] = FLOW_GRPO_LORA_TARGETS
     denoiser_configs: ClassVar[dict[str, dict]] = {"flux1-dev": {**_FLUX1_TRANSFORMER, "guidance_embeds": True}}
@@ -224,6 +225,7 @@ class FluxSchnellFamily(FluxFamily):
     """FLUX.1-schnell: timestep-distilled (4 steps), no guidance embedding, no dynamic shift, 256 T5 tokens."""
 
     name = "flux_schnell"
+    guidance = "none (timestep-distilled)"
     max_sequence_length = 256  # the schnell model card's `max_sequence_length=256`
     denoiser_configs = {"flux1-schnell": {**_FLUX1_TRANSFORMER, "guidance_embeds": False}}
 
