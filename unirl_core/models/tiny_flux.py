@@ -17,6 +17,7 @@ from __future__ import annotations
 from unirl_core.models.tiny import T5_HIDDEN, _clip_config, _tiny_vae, byte_level_clip_tokenizer
 
 VAE_CHANNELS = 4  # the tiny VAE's latent channels (FLUX.1's real VAE has 16)
+T5_TOKENS = 64  # the tiny T5 tokenizer's model_max_length, which caps the family's max_sequence_length (real: 512)
 
 # the published FLUX.1-dev / Kontext-dev scheduler config (scheduler/scheduler_config.json)
 DEV_SCHEDULER = dict(
@@ -32,7 +33,7 @@ def _components(guidance_embeds: bool, scheduler: dict) -> dict:
     from transformers import ByT5Tokenizer, CLIPTextModel, T5Config, T5EncoderModel
 
     clip_tokenizer = byte_level_clip_tokenizer()
-    t5_tokenizer = ByT5Tokenizer()
+    t5_tokenizer = ByT5Tokenizer(model_max_length=T5_TOKENS)
     transformer = FluxTransformer2DModel(
         patch_size=1,
         in_channels=4 * VAE_CHANNELS,  # 2x2 patches of the VAE latent, packed

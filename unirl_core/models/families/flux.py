@@ -94,7 +94,7 @@ class FluxFamily(Family):
     latent_stride = 16  # VAE 8 x patch 2 (the tiny VAE's 2 x 2 = 4 divides it: any valid size works there too)
     text_only_skip = ("transformer", "vae")
     guidance = "embedded (distilled), no CFG"
-    max_sequence_length: ClassVar[int] = 512  # T5 tokens: FluxPipeline's default (FLUX.1-dev)
+    max_tokens: ClassVar[int] = 512  # T5 tokens: FluxPipeline's default (FLUX.1-dev)
     lora_targets: ClassVar[tuple[str, ...]] = FLOW_GRPO_LORA_TARGETS
     denoiser_configs: ClassVar[dict[str, dict]] = {"flux1-dev": {**_FLUX1_TRANSFORMER, "guidance_embeds": True}}
 
@@ -114,6 +114,12 @@ class FluxFamily(Family):
         return False  # `guidance_scale` is embedded (dev, Kontext) or unused (schnell)
 
     # --- text conditioning --------------------------------------------------------------------------------------
+
+    @property
+    def max_sequence_length(self) -> int:
+        """T5 tokens per prompt: `max_tokens`, capped by the T5 tokenizer's `model_max_length` (512 for the real
+        models: no cap; the tiny models' 64 keeps their joint attention short)."""
+        return min(self.max_tokens, self.pipeline.tokenizer_2.model_max_length)
 
     @torch.no_grad()
     def encode_texts(self, texts: list[str]) -> dict:
@@ -226,7 +232,7 @@ class FluxSchnellFamily(FluxFamily):
 
     name = "flux_schnell"
     guidance = "none (timestep-distilled)"
-    max_sequence_length = 256  # the schnell model card's `max_sequence_length=256`
+    max_tokens = 256  # the schnell model card's `max_sequence_length=256`
     denoiser_configs = {"flux1-schnell": {**_FLUX1_TRANSFORMER, "guidance_embeds": False}}
 
     @classmethod
