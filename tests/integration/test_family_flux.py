@@ -203,7 +203,9 @@ def test_kontext_rollout_carries_the_condition_image(tmp_path):
     samples = expand_groups(examples, 2)
     rollout = run_rollout(adapter, samples, config.sampling, config.algorithm, seed=0)
     assert rollout.steps == [0, 1, 2]  # denoised from noise, every step trained
-    expected = adapter.encode_images([load_condition_image(str(tmp_path / f"cond{i}.png"), 32, 32) for i in (0, 0, 1, 1)])
+    expected = adapter.encode_images(
+        [load_condition_image(str(tmp_path / f"cond{i}.png"), 32, 32) for i in (0, 0, 1, 1)]
+    )
     torch.testing.assert_close(rollout.cond["reference"], expected)
     first_red, first_navy = (torch.tensor(list(im.getdata()), dtype=torch.float) for im in rollout.images[::2])
     assert not torch.equal(first_red, first_navy)  # the condition image shapes the result
