@@ -245,7 +245,10 @@ class FluxSchnellFamily(FluxFamily):
 class FluxKontextFamily(FluxFamily):
     """FLUX.1-Kontext-dev (`FluxKontextPipeline`): an edit model. The condition image's scaled latents ride in
     `cond["reference"]` (the base `with_condition_images`) and `velocity` packs them after the noisy tokens with
-    image ids (1, row, column), as the pipeline; mu counts the noisy tokens only, as the pipeline's."""
+    image ids (1, row, column), as the pipeline; mu counts the noisy tokens only, as the pipeline's. The condition
+    image arrives cropped and resized to the rollout's size (the stock pipeline's `_auto_resize=False` with
+    `max_area` = height x width; its default snaps it to a preferred Kontext resolution instead). The warm-up
+    (`denoising_loss`) has no condition images: it trains the text-to-image path."""
 
     name, pipeline_class = "flux_kontext", "FluxKontextPipeline"
     condition_mode = "reference"
