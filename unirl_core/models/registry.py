@@ -25,6 +25,9 @@ BUILT_IN = {
     "qwen_image_edit": "unirl_core.models.families.qwen_image:QwenImageEditFamily",
     "sdxl": "unirl_core.models.families.sdxl:SDXLFamily",
     "flux2_klein": "unirl_core.models.families.flux2_klein:Flux2KleinFamily",
+    "flux": "unirl_core.models.families.flux:FluxFamily",
+    "flux_schnell": "unirl_core.models.families.flux:FluxSchnellFamily",
+    "flux_kontext": "unirl_core.models.families.flux:FluxKontextFamily",
 }
 _REGISTERED: dict[str, type[Family]] = {}
 
