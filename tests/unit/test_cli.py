@@ -41,9 +41,14 @@ def test_recipes_lists_packaged_recipes():
     assert result.exit_code == 0
     assert [line.split()[0] for line in result.stdout.splitlines()] == [
         "demo",
+        "flux2_klein_grpo",
+        "flux_dev_grpo",
+        "flux_kontext_grpo",
         "ingest_parquet",
         "pipeline_demo",
         "prompts_file",
+        "qwen_image_edit_grpo",
+        "qwen_image_grpo",
         "sdxl_ddpo",
     ]
 

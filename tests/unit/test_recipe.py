@@ -7,7 +7,12 @@ import yaml
 
 from unirl_core.config import Recipe, RecipeError, dump_resolved, load_recipe, packaged_recipes, recipe_from_tree
 
-ENV = {"DATA_PATH": "/data/prompts.jsonl", "INPUT_PARQUET": "/data/part-*.parquet", "MODEL_PATH": "/models/pipeline"}
+ENV = {
+    "DATA_PATH": "/data/prompts.jsonl",
+    "INPUT_PARQUET": "/data/part-*.parquet",
+    "MODEL_PATH": "/models/pipeline",
+    "CLIP_PATH": "/models/clip",
+}
 
 
 def issues_of(exc: RecipeError) -> dict[str, str]:

@@ -50,6 +50,7 @@ class Family(ABC):
     condition_mode: ClassVar[str] = "start"
     sampler: ClassVar[str] = "flow SDE"  # how rollouts sample (shown by `unirl families`)
     guidance: ClassVar[str] = "CFG"  # how `sampling.guidance_scale` is used (shown by `unirl families`)
+    cfg_branch: ClassVar[bool] = True  # guidance_scale > 1 runs a negative branch; False: embedded or unused
 
     def __init__(
         self,
@@ -234,7 +235,7 @@ class Family(ABC):
 
     @property
     def cfg(self) -> bool:
-        return self.guidance_scale > 1.0
+        return self.cfg_branch and self.guidance_scale > 1.0
 
     def select(self, cond: Conditioning, index: torch.Tensor) -> Conditioning:
         """The conditioning of a subset of samples (both CFG halves, kept in [negative, positive] order)."""

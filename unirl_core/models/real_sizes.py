@@ -60,6 +60,80 @@ _T5_XXL = (
         "tie_word_embeddings": False,
     },
 )
+_CLIP_L_PLAIN = (
+    "transformers",
+    "CLIPTextModel",
+    "CLIPTextConfig",
+    {  # FLUX.1 and SDXL: no projection
+        "vocab_size": 49408,
+        "hidden_size": 768,
+        "intermediate_size": 3072,
+        "num_hidden_layers": 12,
+        "num_attention_heads": 12,
+        "max_position_embeddings": 77,
+        "hidden_act": "quick_gelu",
+    },
+)
+_QWEN25_VL_7B = (
+    "transformers",
+    "Qwen2_5_VLForConditionalGeneration",
+    "Qwen2_5_VLConfig",
+    {  # Qwen-Image's
+        "text_config": {
+            "vocab_size": 152064,
+            "hidden_size": 3584,
+            "intermediate_size": 18944,
+            "num_hidden_layers": 28,
+            "num_attention_heads": 28,
+            "num_key_value_heads": 4,
+            "tie_word_embeddings": False,
+        },
+        "vision_config": {
+            "depth": 32,
+            "hidden_size": 1280,
+            "intermediate_size": 3420,
+            "num_heads": 16,
+            "out_hidden_size": 3584,
+            "patch_size": 14,
+            "spatial_merge_size": 2,
+            "window_size": 112,
+            "fullatt_block_indexes": [7, 15, 23, 31],
+        },
+        "vocab_size": 152064,
+        "hidden_size": 3584,
+        "tie_word_embeddings": False,
+    },
+)
+_QWEN3_4B = (
+    "transformers",
+    "Qwen3ForCausalLM",
+    "Qwen3Config",
+    {  # FLUX.2-Klein 4B's
+        "vocab_size": 151936,
+        "hidden_size": 2560,
+        "intermediate_size": 9728,
+        "num_hidden_layers": 36,
+        "num_attention_heads": 32,
+        "num_key_value_heads": 8,
+        "head_dim": 128,
+        "tie_word_embeddings": True,
+    },
+)
+_QWEN3_8B = (
+    "transformers",
+    "Qwen3ForCausalLM",
+    "Qwen3Config",
+    {  # FLUX.2-Klein 9B's
+        "vocab_size": 151936,
+        "hidden_size": 4096,
+        "intermediate_size": 12288,
+        "num_hidden_layers": 36,
+        "num_attention_heads": 32,
+        "num_key_value_heads": 8,
+        "head_dim": 128,
+        "tie_word_embeddings": False,
+    },
+)
 _VAE_16 = (
     "diffusers",
     "AutoencoderKL",
@@ -78,7 +152,18 @@ _VAE_4 = ("diffusers", "AutoencoderKL", None, {  # SD 1.x / SDXL: 4 latent chann
     "block_out_channels": [128, 256, 512, 512], "layers_per_block": 2, "latent_channels": 4,
     "down_block_types": ["DownEncoderBlock2D"] * 4, "up_block_types": ["UpDecoderBlock2D"] * 4})  # fmt: skip
 
-# variant -> family, components {name: (library, class, config class or None, config)}, conditioning tokens
+
+def _family_denoiser(family: str, variant: str, class_name: str) -> tuple:
+    """A denoiser whose published config the family file keeps (`denoiser_configs[variant]`)."""
+    return ("diffusers", class_name, None, ("family", family, variant))
+
+
+_FLUX1 = {"text_encoder": _CLIP_L_PLAIN, "text_encoder_2": _T5_XXL, "vae": _VAE_16}
+_QWEN = {"text_encoder": _QWEN25_VL_7B, "vae": ("diffusers", "AutoencoderKLQwenImage", None, {})}
+_KLEIN = {"vae": ("diffusers", "AutoencoderKLFlux2", None, {})}
+
+# variant -> family, components {name: (library, class, config class or None, config)}, conditioning tokens (the
+# text's; `reference_image`: an edit model's condition image adds as many tokens as the image)
 VARIANTS: dict[str, dict] = {
     "sd3.5-medium": {
         "family": "sd3",
@@ -115,6 +200,41 @@ VARIANTS: dict[str, dict] = {
             "vae": _VAE_4,
         },
     },
+    "sdxl-base-1.0": {
+        "family": "sdxl", "text_tokens": 77,
+        "components": {"unet": _family_denoiser("sdxl", "sdxl-base-1.0", "UNet2DConditionModel"),
+                       "text_encoder": _CLIP_L_PLAIN, "text_encoder_2": _CLIP_G, "vae": _VAE_4},
+    },
+    "flux1-dev": {
+        "family": "flux", "text_tokens": 512,
+        "components": {"transformer": _family_denoiser("flux", "flux1-dev", "FluxTransformer2DModel"), **_FLUX1},
+    },
+    "flux1-schnell": {
+        "family": "flux_schnell", "text_tokens": 256,
+        "components": {"transformer": _family_denoiser("flux_schnell", "flux1-schnell", "FluxTransformer2DModel"),
+                       **_FLUX1},
+    },
+    "flux1-kontext-dev": {
+        "family": "flux_kontext", "text_tokens": 512, "reference_image": True,
+        "components": {"transformer": _family_denoiser("flux_kontext", "flux1-kontext-dev", "FluxTransformer2DModel"),
+                       **_FLUX1},
+    },
+    "qwen-image": {
+        "family": "qwen_image", "text_tokens": 512,  # the cache's padding: batches are cut to their longest prompt
+        "components": {"transformer": _family_denoiser("qwen_image", "qwen-image", "QwenImageTransformer2DModel"),
+                       **_QWEN},
+    },
+    "qwen-image-edit": {
+        "family": "qwen_image_edit", "text_tokens": 512, "reference_image": True,
+        "components": {"transformer": _family_denoiser("qwen_image_edit", "qwen-image-edit",
+                                                       "QwenImageTransformer2DModel"), **_QWEN},
+    },
+    **{f"flux2-klein-{kind}{size}": {
+        "family": "flux2_klein", "text_tokens": 512,
+        "components": {"transformer": _family_denoiser("flux2_klein", f"flux2-klein-{kind}{size}",
+                                                       "Flux2Transformer2DModel"),
+                       "text_encoder": _QWEN3_4B if size == "4b" else _QWEN3_8B, **_KLEIN},
+    } for kind in ("", "base-") for size in ("4b", "9b")},
 }  # fmt: skip
 
 
@@ -126,7 +246,11 @@ def variant_names(family: str | None = None) -> list[str]:
     return sorted(name for name, v in VARIANTS.items() if family is None or v["family"] == family)
 
 
-def _build(library: str, class_name: str, config_class: str | None, config: dict) -> torch.nn.Module:
+def _build(library: str, class_name: str, config_class: str | None, config) -> torch.nn.Module:
+    if isinstance(config, tuple):  # ("family", name, variant): the family file's published config
+        from unirl_core.models.registry import family_class
+
+        config = family_class(config[1]).denoiser_configs[config[2]]
     module = __import__(library)
     cls = getattr(module, class_name)
     if library == "transformers":

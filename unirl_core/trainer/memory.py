@@ -89,10 +89,12 @@ def memory_plan(config, source: str) -> MemoryPlan:
     workers = config.ray.workers
     sampling = config.sampling
     samples = config.data.prompts_per_rollout * sampling.samples_per_prompt // workers
-    cfg = 2 if sampling.guidance_scale > 1.0 and getattr(family, "guidance", "CFG") == "CFG" else 1
+    cfg = 2 if sampling.guidance_scale > 1.0 and family.cfg_branch else 1
     stride = family.latent_stride
-    text_tokens = VARIANTS.get(source, {}).get("text_tokens", TEXT_TOKENS_UNKNOWN)
-    tokens = (sampling.height // stride) * (sampling.width // stride) + text_tokens
+    variant = VARIANTS.get(source, {})
+    image_tokens = (sampling.height // stride) * (sampling.width // stride)
+    tokens = image_tokens * (2 if variant.get("reference_image") else 1)
+    tokens += variant.get("text_tokens", TEXT_TOKENS_UNKNOWN)
     width = _width(denoiser.config)
     micro = config.algorithm.micro_batch_size or samples
     text = sum(v for k, v in parameters.items() if k.startswith("text_encoder"))

@@ -94,6 +94,7 @@ class FluxFamily(Family):
     latent_stride = 16  # VAE 8 x patch 2 (the tiny VAE's 2 x 2 = 4 divides it: any valid size works there too)
     text_only_skip = ("transformer", "vae")
     guidance = "embedded (distilled), no CFG"
+    cfg_branch = False  # `guidance_scale` is embedded (dev, Kontext) or unused (schnell)
     max_tokens: ClassVar[int] = 512  # T5 tokens: FluxPipeline's default (FLUX.1-dev)
     lora_targets: ClassVar[tuple[str, ...]] = FLOW_GRPO_LORA_TARGETS
     denoiser_configs: ClassVar[dict[str, dict]] = {"flux1-dev": {**_FLUX1_TRANSFORMER, "guidance_embeds": True}}
@@ -106,12 +107,6 @@ class FluxFamily(Family):
 
     def blocks(self) -> list[torch.nn.Module]:
         return [*self.trainable.transformer_blocks, *self.trainable.single_transformer_blocks]
-
-    # --- guidance: distilled, no negative branch ----------------------------------------------------------------
-
-    @property
-    def cfg(self) -> bool:
-        return False  # `guidance_scale` is embedded (dev, Kontext) or unused (schnell)
 
     # --- text conditioning --------------------------------------------------------------------------------------
 
