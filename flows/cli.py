@@ -387,33 +387,55 @@ def demo(
     """The whole pipeline on this machine's CPU: a synthetic dataset (procedural images + captions) -> ingest ->
     precache -> a supervised warm-up round -> 3 RL rounds on 2 Ray workers; prints what happened and where to look.
     `--family flux` runs the same chain on that family's tiny model (its VAE latents, its conditioning)."""
-    from unirl_core.data.synthetic import synthetic_prompts, write_synthetic_parquet
-    from unirl_core.io.storage import write_bytes_atomic
+    from unirl_core.data.synthetic import write_synthetic_parquet
     from unirl_core.workspace import workspace as current
 
     source = current().ensure().root / "data" / "pipeline_demo-source"
-    parquet, prompts = source / f"synthetic-{rows}.parquet", source / f"prompts-{rows}.txt"
+    overrides = demo_family_overrides(family)
+    parquet = source / f"synthetic-{rows}.parquet"
     if not parquet.is_file():
         write_synthetic_parquet(str(parquet), rows=rows)
-        write_bytes_atomic(str(prompts), "\n".join(synthetic_prompts(rows)).encode() + b"\n")
     os.environ.setdefault("INPUT_PARQUET", str(parquet))
-    os.environ.setdefault("DATA_PATH", str(prompts))
+    os.environ.setdefault("DATA_PATH", demo_prompts(family, source, rows))
     typer.echo(f"synthetic dataset: {parquet} ({rows} good rows + 3 bad ones)")
-    _run_pipeline(_recipe("pipeline_demo", [*demo_family_overrides(family), *(set_ or [])]))
+    _run_pipeline(_recipe("pipeline_demo", [*overrides, *(set_ or [])]))
+
+
+def demo_prompts(family: str, folder: Path, rows: int) -> str:
+    """The demo's training prompts: the dataset's captions, or for an edit family (`condition_mode` "reference")
+    instructions with a condition image each."""
+    from unirl_core.data.synthetic import synthetic_prompts, write_synthetic_edit_prompts
+    from unirl_core.io.storage import write_bytes_atomic
+    from unirl_core.models.registry import family_class
+
+    if family_class(family).condition_mode == "reference":
+        edits = folder / f"edit-prompts-{rows}.jsonl"
+        return str(edits) if edits.is_file() else write_synthetic_edit_prompts(str(folder), rows=rows)
+    prompts = folder / f"prompts-{rows}.txt"
+    if not prompts.is_file():
+        write_bytes_atomic(str(prompts), "\n".join(synthetic_prompts(rows)).encode() + b"\n")
+    return str(prompts)
 
 
 def demo_family_overrides(family: str) -> list[str]:
-    """pipeline_demo on another tiny family: the model trained and both precache encoders switched to it."""
+    """pipeline_demo on another tiny family: the model trained and both precache encoders switched to it. A family
+    without text-only conditioning (its prompts are encoded with their images) precaches latents only and skips
+    the warm-up."""
     from unirl_core.models.registry import UnknownFamilyError, family_class
 
     try:
-        family_class(family)
+        cls = family_class(family)
     except UnknownFamilyError as exc:
         raise _fail(f"error: --family: {exc}") from None
     overrides = [f"train.model.family={family}", f"train.model.path=tiny:{family}"]
     for index in (0, 1):  # the image latents, the prompt conditioning
         overrides += [f"precache.encodings.{index}.encoder_config.pretrained=tiny:{family}",
                       f"precache.encodings.{index}.encoder_config.family={family}"]  # fmt: skip
+    if not cls.text_only_conditioning:
+        latents = ("{modality: image, extension: png, key: image_latent, precision: 32, encoder_config: "
+                   f"{{cls: unirl_core.precache.encoders.PipelineImageEncoder, pretrained: 'tiny:{family}', "
+                   f"family: {family}}}}}")  # fmt: skip
+        overrides = [*overrides[:2], f"precache.encodings=[{latents}]", "train.warmup.steps=0"]
     return overrides
 
 

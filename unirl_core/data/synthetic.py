@@ -119,3 +119,25 @@ def write_synthetic_parquet(path: str, rows: int = 64, seed: int = 0, size: int 
     pq.write_table(table, sink)
     write_bytes_atomic(path, sink.getvalue().to_pybytes())
     return path
+
+
+def write_synthetic_edit_prompts(folder: str, rows: int = 8, seed: int = 0, size: int = 64) -> str:
+    """Edit prompts for the edit families' demo and tests: `rows` JSON lines, each an instruction towards a
+    synthetic caption with a condition image (a synthetic image of another seed, written as a PNG next to the file,
+    `media_refs` role "condition"). Returns the JSONL's path."""
+    import json
+    from pathlib import Path
+
+    from unirl_core.io.storage import write_bytes_atomic
+
+    out = Path(folder)
+    lines = []
+    for index, caption in enumerate(synthetic_prompts(rows, seed)):
+        image, _ = synthetic_image(index, seed + 1, size)
+        uri = out / f"condition-{index:04d}.png"
+        write_bytes_atomic(str(uri), _png(image))
+        refs = [{"modality": "image", "role": "condition", "uri": str(uri)}]
+        lines.append(json.dumps({"prompt": f"turn this into {caption}", "media_refs": refs}))
+    path = out / f"edit-prompts-{rows}.jsonl"
+    write_bytes_atomic(str(path), ("\n".join(lines) + "\n").encode())
+    return str(path)

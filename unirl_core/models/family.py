@@ -51,6 +51,8 @@ class Family(ABC):
     sampler: ClassVar[str] = "flow SDE"  # how rollouts sample (shown by `unirl families`)
     guidance: ClassVar[str] = "CFG"  # how `sampling.guidance_scale` is used (shown by `unirl families`)
     cfg_branch: ClassVar[bool] = True  # guidance_scale > 1 runs a negative branch; False: embedded or unused
+    text_only_conditioning: ClassVar[bool] = True  # False: a prompt is encoded with its condition image only (no
+    # text-only precache or warm-up; e.g. Qwen-Image-Edit's VLM reads the image with the prompt)
 
     def __init__(
         self,

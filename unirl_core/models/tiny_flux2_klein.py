@@ -37,7 +37,7 @@ def byte_level_qwen2_tokenizer():
     from transformers.convert_slow_tokenizer import bytes_to_unicode
 
     vocab = {symbol: i for i, symbol in enumerate(bytes_to_unicode().values())}
-    tokenizer = Qwen2TokenizerFast(vocab=vocab, merges=[], model_max_length=512)
+    tokenizer = Qwen2TokenizerFast(vocab=vocab, merges=[], model_max_length=96)
     tokenizer.add_tokens([AddedToken(t, special=True) for t in ("<|im_start|>", "<|im_end|>")])
     tokenizer.chat_template = QWEN3_CHAT_TEMPLATE
     return tokenizer

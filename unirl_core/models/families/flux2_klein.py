@@ -79,7 +79,7 @@ class Flux2KleinFamily(Family):
     text_only_skip = ("transformer", "vae")
     condition_mode = "reference"  # Klein edits: the condition image's tokens join the sequence (time id 10)
     guidance = "true CFG, empty negative (base); none (distilled)"
-    max_sequence_length = 512  # the pipeline's default
+    max_tokens = 512  # the pipeline's default `max_sequence_length`
     text_encoder_out_layers = (9, 18, 27)  # the pipeline's default: Qwen3 hidden states stacked per token
     # UniRL's FLUX.2-klein GRPO LoRA (Tencent-Hunyuan/UniRL examples/diffusion/flux2_klein/flux2_klein_trainside.yaml):
     # every linear of the double blocks (image and text attention, both feed-forwards) and the single blocks' fused
@@ -115,6 +115,12 @@ class Flux2KleinFamily(Family):
     def cfg(self) -> bool:
         """True CFG on the base checkpoints only (the pipeline's `do_classifier_free_guidance`)."""
         return self.guidance_scale > 1.0 and not self.pipeline.config.is_distilled
+
+    @property
+    def max_sequence_length(self) -> int:
+        """Text tokens per prompt: `max_tokens`, capped by the tokenizer's `model_max_length` (131072 for the real
+        Qwen3 tokenizer: 512; the tiny's 96 keeps tiny rollouts short)."""
+        return min(self.max_tokens, self.pipeline.tokenizer.model_max_length)
 
     # --- text ---------------------------------------------------------------------------------------------------
 

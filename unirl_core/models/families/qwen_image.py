@@ -266,6 +266,7 @@ class QwenImageEditFamily(QwenImageFamily):
 
     name, pipeline_class = "qwen_image_edit", "QwenImageEditPipeline"
     condition_mode = "reference"
+    text_only_conditioning = False  # the edit template reads each prompt with its image
     denoiser_configs: ClassVar[dict[str, dict]] = {"qwen-image-edit": QWEN_IMAGE_TRANSFORMER}
 
     def __init__(self, path: str, *args, **kwargs):
