@@ -10,6 +10,7 @@ import torch
 from typer.testing import CliRunner
 
 from flows.cli import app
+from unirl_core.models.registry import family_names
 
 
 def folder_digest(folder) -> dict[str, str]:
@@ -46,7 +47,7 @@ def test_tiny_model_loads_offline_and_generates(tiny_model):
     assert np.array_equal(np.asarray(generate()[0]), np.asarray(images[0]))  # same seed, same image
 
 
-@pytest.mark.parametrize("family", ["sd3", "sd15"])
+@pytest.mark.parametrize("family", family_names())
 def test_cli_writes_deterministic_folders(tmp_path, family):
     runner = CliRunner()
     for name, seed in (("a", "0"), ("b", "0"), ("c", "1")):
