@@ -301,3 +301,26 @@ class Family(ABC):
         base = type(self)(base_path, dtype=str(self.dtype).removeprefix("torch."), lora=None)
         getattr(base.pipeline, self.denoiser_name).load_state_dict(merged, strict=True)
         base.pipeline.save_pretrained(str(folder))
+
+
+class PooledConditioning:
+    """Conditioning {"embeds": [B, T, D], "pooled": [B, P]} (SD3, SDXL, FLUX.1), stored by precache as one
+    [B, T+1, D]: the embeds, then the pooled row zero-padded to D (P <= D). A family mixes it in before `Family`
+    and says where P comes from: `pooled_width(path)`, read from the pipeline folder's text-encoder configs."""
+
+    @staticmethod
+    def pooled_width(path: str) -> int:
+        raise NotImplementedError
+
+    def pack_conditioning(self, cond: Conditioning) -> torch.Tensor:
+        embeds, pooled = cond["embeds"], cond["pooled"]
+        if pooled.shape[-1] > embeds.shape[-1]:
+            raise ValueError(
+                f"pooled width {pooled.shape[-1]} > embedding width {embeds.shape[-1]}: cannot pack into one row"
+            )
+        row = torch.nn.functional.pad(pooled, (0, embeds.shape[-1] - pooled.shape[-1]))
+        return torch.cat([embeds, row[:, None, :].to(embeds.dtype)], dim=1)
+
+    @classmethod
+    def unpack_conditioning(cls, packed: torch.Tensor, path: str) -> Conditioning:
+        return {"embeds": packed[..., :-1, :], "pooled": packed[..., -1, : cls.pooled_width(path)]}

@@ -29,7 +29,7 @@ import numpy as np
 import torch
 
 from unirl_core.algorithms.losses import flow_matching_loss
-from unirl_core.models.family import Family
+from unirl_core.models.family import Family, PooledConditioning
 from unirl_core.rollout.noise import Generators, per_sample, randn
 from unirl_core.rollout.samplers import StepResult, flow_sde_step
 
@@ -89,7 +89,8 @@ def image_ids(h: int, w: int, index: int = 0) -> torch.Tensor:
     return ids.reshape(-1, 3)
 
 
-class FluxFamily(Family):
+class FluxFamily(PooledConditioning, Family):
+    pooled_width = staticmethod(pooled_width)
     name, pipeline_class, denoiser_name = "flux", "FluxPipeline", "transformer"
     latent_stride = 16  # VAE 8 x patch 2 (the tiny VAE's 2 x 2 = 4 divides it: any valid size works there too)
     text_only_skip = ("transformer", "vae")
@@ -123,20 +124,6 @@ class FluxFamily(Family):
             prompt=texts, prompt_2=None, device=self.device, max_sequence_length=self.max_sequence_length
         )
         return {"embeds": embeds, "pooled": pooled}
-
-    def pack_conditioning(self, cond: dict) -> torch.Tensor:
-        """embeds [B,T,D] and pooled [B,P] (P <= D) -> [B,T+1,D]: the embeds, then pooled zero-padded to D."""
-        embeds, pooled = cond["embeds"], cond["pooled"]
-        if pooled.shape[-1] > embeds.shape[-1]:
-            raise ValueError(
-                f"pooled width {pooled.shape[-1]} > embedding width {embeds.shape[-1]}: cannot pack into one row"
-            )
-        row = torch.nn.functional.pad(pooled, (0, embeds.shape[-1] - pooled.shape[-1]))
-        return torch.cat([embeds, row[:, None, :].to(embeds.dtype)], dim=1)
-
-    @classmethod
-    def unpack_conditioning(cls, packed: torch.Tensor, path: str) -> dict:
-        return {"embeds": packed[..., :-1, :], "pooled": packed[..., -1, : pooled_width(path)]}
 
     # --- latents ------------------------------------------------------------------------------------------------
 

@@ -9,7 +9,7 @@ from functools import lru_cache
 import torch
 
 from unirl_core.algorithms.losses import flow_matching_loss
-from unirl_core.models.family import Family
+from unirl_core.models.family import Family, PooledConditioning
 from unirl_core.rollout.noise import Generators, per_sample, randn
 from unirl_core.rollout.samplers import StepResult, flow_sde_step
 
@@ -22,7 +22,8 @@ def pooled_width(path: str) -> int:
     return sum(AutoConfig.from_pretrained(path, subfolder=s).projection_dim for s in ("text_encoder", "text_encoder_2"))
 
 
-class SD3Family(Family):
+class SD3Family(PooledConditioning, Family):
+    pooled_width = staticmethod(pooled_width)
     name, pipeline_class, denoiser_name = "sd3", "StableDiffusion3Pipeline", "transformer"
     latent_stride = 16  # VAE 8 x patch 2
     text_only_skip = ("transformer", "vae")
@@ -42,20 +43,6 @@ class SD3Family(Family):
             prompt=texts, prompt_2=None, prompt_3=None, do_classifier_free_guidance=False, device=self.device
         )
         return {"embeds": embeds, "pooled": pooled}
-
-    def pack_conditioning(self, cond: dict) -> torch.Tensor:
-        """embeds [B,T,D] and pooled [B,P] (P <= D) -> [B,T+1,D]: the embeds, then pooled zero-padded to D."""
-        embeds, pooled = cond["embeds"], cond["pooled"]
-        if pooled.shape[-1] > embeds.shape[-1]:
-            raise ValueError(
-                f"pooled width {pooled.shape[-1]} > embedding width {embeds.shape[-1]}: cannot pack into one row"
-            )
-        row = torch.nn.functional.pad(pooled, (0, embeds.shape[-1] - pooled.shape[-1]))
-        return torch.cat([embeds, row[:, None, :].to(embeds.dtype)], dim=1)
-
-    @classmethod
-    def unpack_conditioning(cls, packed: torch.Tensor, path: str) -> dict:
-        return {"embeds": packed[..., :-1, :], "pooled": packed[..., -1, : pooled_width(path)]}
 
     def schedule(self, num_steps: int, latent_shape: tuple[int, ...]) -> list[float]:
         scheduler = self.pipeline.scheduler

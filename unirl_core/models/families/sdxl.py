@@ -23,7 +23,7 @@ from typing import ClassVar
 
 import torch
 
-from unirl_core.models.family import Family
+from unirl_core.models.family import Family, PooledConditioning
 from unirl_core.rollout.noise import Generators, per_sample, randn
 from unirl_core.rollout.samplers import StepResult, ddim_step
 
@@ -66,7 +66,8 @@ def pooled_width(path: str) -> int:
     return AutoConfig.from_pretrained(path, subfolder="text_encoder_2").projection_dim
 
 
-class SDXLFamily(Family):
+class SDXLFamily(PooledConditioning, Family):
+    pooled_width = staticmethod(pooled_width)
     name, pipeline_class, denoiser_name = "sdxl", "StableDiffusionXLPipeline", "unet"
     latent_stride = 8  # VAE 8 (the tiny VAE's 2 is read from the pipeline's vae_scale_factor in latent_shape)
     text_only_skip = ("unet", "vae", "image_encoder", "feature_extractor")
@@ -123,20 +124,6 @@ class SDXLFamily(Family):
             return cond
         positives = {k: v.chunk(2)[1] for k, v in cond.items()}
         return {k: torch.cat([torch.zeros_like(v), v]) for k, v in positives.items()}
-
-    def pack_conditioning(self, cond: dict) -> torch.Tensor:
-        """embeds [B,T,D] and pooled [B,P] (P <= D) -> [B,T+1,D]: the embeds, then pooled zero-padded to D."""
-        embeds, pooled = cond["embeds"], cond["pooled"]
-        if pooled.shape[-1] > embeds.shape[-1]:
-            raise ValueError(
-                f"pooled width {pooled.shape[-1]} > embedding width {embeds.shape[-1]}: cannot pack into one row"
-            )
-        row = torch.nn.functional.pad(pooled, (0, embeds.shape[-1] - pooled.shape[-1]))
-        return torch.cat([embeds, row[:, None, :].to(embeds.dtype)], dim=1)
-
-    @classmethod
-    def unpack_conditioning(cls, packed: torch.Tensor, path: str) -> dict:
-        return {"embeds": packed[..., :-1, :], "pooled": packed[..., -1, : pooled_width(path)]}
 
     # --- the UNet -------------------------------------------------------------------------------------------------
 
