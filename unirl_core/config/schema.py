@@ -317,7 +317,10 @@ class RewardConfig(StrictModel):
 
 
 class RayConfig(StrictModel):
-    """Where a training round runs: a local Ray started for the round, or an existing cluster."""
+    """Where a training round runs: a local Ray started for the round, or an existing cluster.
+
+    Resource arithmetic (global): workers x cpus_per_worker CPUs and workers x gpus_per_worker GPUs, e.g. 8 x 1 = 8
+    GPUs; refused before any actor starts when the cluster (or, for a local Ray, this machine) has fewer."""
 
     address: str | None = None
     """An existing Ray cluster (`auto`, `host:6379`, `ray://host:10001`; KubeRay's head service). Empty: the
@@ -330,7 +333,31 @@ class RayConfig(StrictModel):
     """CPUs of each worker's bundle (and its torch threads)."""
 
     gpus_per_worker: Annotated[float, Field(ge=0)] = 0
-    """GPUs of each worker's bundle: 1 on GPU clusters (the backend becomes nccl), 0 on CPU (gloo)."""
+    """GPUs of each worker's bundle, a whole number: 1 on GPU clusters (the backend becomes nccl), 0 on CPU (gloo).
+    An FSDP rank drives whole GPUs, so fractions (0.5) are refused."""
+
+    placement: Literal["PACK", "SPREAD", "STRICT_PACK", "STRICT_SPREAD"] = "PACK"
+    """Ray placement strategy of the workers' bundles: PACK (as few nodes as possible: NVLink within a node),
+    SPREAD (over as many nodes as possible), STRICT_PACK (all on one node or fail), STRICT_SPREAD (one per node)."""
+
+    placement_timeout_s: Annotated[float, Field(gt=0)] = 120
+    """Seconds to wait for the cluster to place every worker's bundle (an autoscaler adding nodes needs minutes);
+    past it the round fails at once (not retried) naming the resources asked and available."""
+
+    env_vars: list[str] = []
+    """NAMES of environment variables copied from the driver's environment to every worker when its process starts
+    (Ray's runtime_env), e.g. [HF_HOME, NCCL_SOCKET_IFNAME]. Ray writes runtime_env values into its own logs on each
+    node: list credentials under `secret_env_vars`. UNIRL_HOME and HF_HUB_OFFLINE are always copied."""
+
+    secret_env_vars: list[str] = []
+    """NAMES of environment variables holding credentials (e.g. [AWS_SECRET_ACCESS_KEY]), set in every worker by a
+    call before anything is built, never in Ray's runtime_env, logs or MLflow params. The names a recipe already
+    gives (a remote scorer's `auth_header_env`) and MLFLOW_TRACKING_URI are always added."""
+
+    working_dir: OptionalStr = None
+    """A local folder Ray uploads to every worker and starts it in (on its `sys.path`), for code that is not
+    installed on the nodes. Empty (the default and the advice for clusters): unirl installed on every node, e.g.
+    in the cluster's container image."""
 
     backend: Literal["auto", "gloo", "nccl"] = "auto"
     """torch.distributed backend: `auto` is nccl with GPUs, gloo without."""
@@ -340,6 +367,22 @@ class RayConfig(StrictModel):
 
     round_timeout_s: Annotated[float, Field(gt=0)] = 6 * 3600
     """Deadline of one round, enforced inside it (Prefect's task timeout cannot stop Ray actors)."""
+
+    def problems(self) -> Iterator[Problem]:
+        yield from super().problems()
+        gpus = self.gpus_per_worker
+        if gpus != int(gpus):
+            yield (
+                "gpus_per_worker",
+                gpus,
+                f"a whole number (0, 1, 2, ...): each FSDP rank drives whole GPUs, and {gpus:g} GPU per worker "
+                f"would have ranks share a GPU (NCCL refuses that); use 1 (or 0 to train on CPUs)",
+            )
+        for key in ("env_vars", "secret_env_vars"):
+            for index, name in enumerate(getattr(self, key)):
+                if not (name.isascii() and name.isidentifier()):
+                    # it may be a secret pasted by mistake: never echo it
+                    yield f"{key}.{index}", "<hidden>", "the NAME of an environment variable (letters, digits, _)"
 
 
 class FSDPConfig(StrictModel):

@@ -4,16 +4,24 @@ or one rank in this process (`local`). Both groups take the same calls, so the c
 from __future__ import annotations
 
 import contextlib
+import logging
 import math
-from collections.abc import Iterator
+import os
+from collections.abc import Iterable, Iterator
 from pathlib import Path
+
+logger = logging.getLogger(__name__)
 
 
 @contextlib.contextmanager
-def worker_group(worker_cls: type, ray_config, record: Path, local: bool = False) -> Iterator:
+def worker_group(
+    worker_cls: type, ray_config, record: Path, local: bool = False, credential_names: Iterable[str] = ()
+) -> Iterator:
     """`local`: a `LocalGroup` of `worker_cls` (train.ray.workers must be 1). Otherwise a `WorkerGroup` of
     `ray_config.workers` actors in the cluster of `ray_config.address` (a local Ray started and stopped around it
-    when empty, its processes recorded in `record` for the flow's teardown hooks)."""
+    when empty, its processes recorded in `record` for the flow's teardown hooks), refused before any actor starts
+    when the cluster is too small. `credential_names`: environment variables the recipe reads credentials from on
+    the workers (forwarded from this process's environment, never logged)."""
     backend = None if ray_config.backend == "auto" else ray_config.backend
     if local:
         from unirl_core.distributed.local_group import LocalGroup
@@ -23,16 +31,23 @@ def worker_group(worker_cls: type, ray_config, record: Path, local: bool = False
             yield group
         return
     from unirl_core.distributed.cluster import ray_cluster
+    from unirl_core.distributed.resources import cluster_address, require, this_machine
+    from unirl_core.distributed.worker_env import worker_env
     from unirl_core.distributed.worker_group import WorkerGroup
 
+    address = cluster_address(ray_config)
+    if not address:
+        require(ray_config, this_machine(), "this machine")  # Ray would give a local cluster any GPUs it is told
+    env = worker_env(ray_config, credential_names, os.environ)
+    logger.info("Ray workers get %s", env.describe())  # names only
     resources = {"num_cpus": int(ray_config.workers * ray_config.cpus_per_worker) or 1}
     if ray_config.gpus_per_worker:
         resources["num_gpus"] = int(math.ceil(ray_config.workers * ray_config.gpus_per_worker))
-    with (
-        ray_cluster(ray_config.address, **resources, record=record),
-        WorkerGroup(
+    with ray_cluster(address, **resources, record=record) as available:
+        require(ray_config, available, f"the Ray cluster at {address}" if address else "the Ray cluster")
+        with WorkerGroup(
             ray_config.workers, worker_cls, ray_config.cpus_per_worker, ray_config.gpus_per_worker, backend,
-            collective_timeout_s=ray_config.collective_timeout_s,
-        ) as group,
-    ):  # fmt: skip
-        yield group
+            ready_timeout_s=ray_config.placement_timeout_s, collective_timeout_s=ray_config.collective_timeout_s,
+            strategy=ray_config.placement, env=env,
+        ) as group:  # fmt: skip
+            yield group

@@ -18,6 +18,7 @@ from ray.util.placement_group import placement_group, remove_placement_group
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
 from unirl_core.distributed.rank import TorchWorker, method_name
+from unirl_core.distributed.worker_env import WorkerEnv, adopt_secrets
 from unirl_core.errors import UserError
 
 # Failures of the cluster rather than of the computation: the round retries from its last committed checkpoint.
@@ -37,8 +38,17 @@ class WorkerLostError(RuntimeError):
     committed checkpoint."""
 
 
+class PlacementError(UserError, RuntimeError):
+    """The cluster could not place the worker group's bundles within the deadline (the message names the resources
+    asked and available): permanent, a retry would wait as long for the same answer. Not a TimeoutError, which
+    rounds retry."""
+
+
 class WorkerGroup:
-    """N ranks of `worker_cls` in a placement group, joined by torch.distributed."""
+    """N ranks of `worker_cls` in a placement group, joined by torch.distributed.
+
+    `env`: the variables forwarded from the driver (`worker_env.WorkerEnv`): its runtime_env at process start, its
+    secrets by a call before anything else runs. `strategy`: Ray's placement strategy of the bundles."""
 
     def __init__(
         self,
@@ -49,21 +59,27 @@ class WorkerGroup:
         backend: str | None = None,
         ready_timeout_s: float = 120,
         collective_timeout_s: int = 300,
+        strategy: str = "PACK",
+        env: WorkerEnv | None = None,
     ):
         bundle = {"CPU": cpus_per_worker, **({"GPU": gpus_per_worker} if gpus_per_worker else {})}
-        self.placement_group = placement_group([bundle] * world_size, strategy="PACK")
+        self.placement_group = placement_group([bundle] * world_size, strategy=strategy)
         self.workers: list[Any] = []
+        env = env or WorkerEnv()
         try:
-            ray.get(self.placement_group.ready(), timeout=ready_timeout_s)
+            self._wait_placed(bundle, world_size, strategy, ready_timeout_s)
             actor_cls = ray.remote(num_cpus=cpus_per_worker, num_gpus=gpus_per_worker)(worker_cls)
             self.workers = [
                 actor_cls.options(
                     scheduling_strategy=PlacementGroupSchedulingStrategy(
                         self.placement_group, placement_group_bundle_index=i
-                    )
+                    ),
+                    **({"runtime_env": env.runtime_env()} if env.runtime_env() else {}),
                 ).remote()
                 for i in range(world_size)
             ]
+            if env.secrets:
+                ray.get([w.__ray_call__.remote(adopt_secrets, env.secrets) for w in self.workers])
             master_addr, master_port = ray.get(
                 self.workers[0].rendezvous_address.remote(world_size, collective_timeout_s)
             )
@@ -76,6 +92,21 @@ class WorkerGroup:
         except BaseException:
             self.close()
             raise
+
+    def _wait_placed(self, bundle: dict[str, float], count: int, strategy: str, timeout_s: float) -> None:
+        try:
+            ray.get(self.placement_group.ready(), timeout=timeout_s)
+        except ray.exceptions.GetTimeoutError:
+            total = {name: value * count for name, value in bundle.items()}
+            available, cluster = ray.available_resources(), ray.cluster_resources()
+            nodes = sum(1 for node in ray.nodes() if node["Alive"])
+            raise PlacementError(
+                f"the Ray cluster could not place the worker group within {timeout_s:g} s "
+                f"(train.ray.placement_timeout_s): asked {count} bundles of {_resources(bundle, bundle)} with "
+                f"strategy {strategy} ({_resources(total, bundle)} in all); available {_resources(available, bundle)} "
+                f"of {_resources(cluster, bundle)} on {nodes} node(s): lower train.ray.workers or the resources per "
+                "worker, free the cluster, or add nodes"
+            ) from None
 
     def run(self, method: Callable[..., Any], *args: Any, timeout: float | None = None, **kwargs: Any) -> list[Any]:
         """Broadcast: call `method` (a worker method by reference) on every rank with the same arguments; results
@@ -137,4 +168,9 @@ class WorkerGroup:
         self.close()
 
 
-__all__ = ["COLLECTIVE_FAILURE", "LOST", "TorchWorker", "WorkerGroup", "WorkerLostError"]
+def _resources(resources: dict[str, float], names: dict[str, float]) -> str:
+    """`{CPU: 2, GPU: 0}`: the resources of `names` (a bundle's), missing ones as 0."""
+    return "{" + ", ".join(f"{name}: {float(resources.get(name, 0)):g}" for name in names) + "}"
+
+
+__all__ = ["COLLECTIVE_FAILURE", "LOST", "PlacementError", "TorchWorker", "WorkerGroup", "WorkerLostError"]

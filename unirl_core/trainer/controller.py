@@ -30,7 +30,7 @@ from unirl_core.summaries import RoundSummary
 from unirl_core.train.checkpoint import CheckpointError, CheckpointManager, config_hash
 from unirl_core.train.export import CONFIG_FILE
 from unirl_core.train.worker import TrainWorker
-from unirl_core.trainer.plan import Round, RoundDeadlineError, output_dir, plan_rounds, validate
+from unirl_core.trainer.plan import Round, RoundDeadlineError, output_dir, plan_rounds, validate, worker_credentials
 
 METRICS_FILE = "metrics.jsonl"
 RAY_RECORD = "ray_processes.json"  # the local Ray of the running round, for the flow's teardown hooks
@@ -313,7 +313,8 @@ def run_round(
     tracker = open_tracker(config, run_name, tags)
     if round_.first == 0 and record is None:
         _log_inputs(tracker, config, precache)
-    with worker_group(TrainWorker, config.ray, output_dir(config) / RAY_RECORD, local) as group:
+    credentials = worker_credentials(config)
+    with worker_group(TrainWorker, config.ray, output_dir(config) / RAY_RECORD, local, credentials) as group:
         shards = group.run(TrainWorker.build, config.model_dump_json(), round_.stage)
         controller = Controller(config, round_, group, tracker, precache, on_step)
         controller.resume(latest, record)

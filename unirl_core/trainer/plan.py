@@ -51,10 +51,25 @@ def plan_rounds(config: TrainConfig) -> list[Round]:
 
 def validate(config: TrainConfig, precache=None) -> None:
     """Refuse up front what would fail mid-round, with the arithmetic."""
-    problems = [f"train.{path}: {value!r} must be {message}" for path, value, message in config.distributed_problems()]
+    ray_problems = [(f"ray.{path}", value, message) for path, value, message in config.ray.problems()]
+    problems = [
+        f"train.{path}: {value!r} must be {message}"
+        for path, value, message in [*ray_problems, *config.distributed_problems()]
+    ]
     problems += _data_problems(config) + _size_problems(config) + _warmup_problems(config, precache)
+    problems += _machine_problems(config)
     if problems:
         raise TrainingConfigError("training cannot start:\n  " + "\n  ".join(problems))
+
+
+def _machine_problems(config: TrainConfig) -> list[str]:
+    """A local Ray started for the round (or `--local`) has this machine's CPUs and GPUs; an existing cluster
+    (`train.ray.address`) is asked when the round connects to it (`distributed.groups.worker_group`)."""
+    from unirl_core.distributed.resources import cluster_address, shortfalls, this_machine
+
+    if cluster_address(config.ray):
+        return []
+    return shortfalls(config.ray, this_machine(), "this machine")
 
 
 def _data_problems(config: TrainConfig) -> list[str]:
@@ -103,6 +118,12 @@ def _warmup_problems(config: TrainConfig, precache) -> list[str]:
         for name in ("latent_key", "text_key")
         if getattr(config.warmup, name) not in keys
     ]
+
+
+def worker_credentials(config: TrainConfig) -> list[str]:
+    """Environment variables the recipe's components read credentials from on the workers (remote scorers'
+    `auth_header_env`): forwarded to Ray workers by name from the driver's environment, values never logged."""
+    return sorted({remote.auth_header_env for remote in config.reward.remote.values() if remote.auth_header_env})
 
 
 def output_dir(config: TrainConfig) -> Path:

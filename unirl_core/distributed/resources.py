@@ -1,0 +1,70 @@
+"""What a worker group asks of its cluster, and whether the cluster has it: checked before any actor starts.
+
+    asked = workers x cpus_per_worker CPUs, workers x gpus_per_worker GPUs   e.g. 8 x 1 = 8 GPUs
+
+A local Ray started for the round is as big as this machine (`this_machine`: its CPUs, `torch.cuda.device_count()`
+GPUs; Ray itself would accept `num_gpus=8` on a machine without GPUs and the workers would train on the CPU). An
+existing cluster (`train.ray.address`) is asked after connecting (`ray.cluster_resources()`). No Ray import here:
+`trainer.plan.validate` checks the machine before any Ray or Prefect work.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+
+from unirl_core.errors import UserError
+
+
+class ClusterResourcesError(UserError, RuntimeError):
+    """The cluster cannot hold the worker group as configured (the message shows the arithmetic); never retried."""
+
+
+def cluster_address(ray_config) -> str | None:
+    """The existing cluster a round joins, or None: a local Ray started for the round."""
+    return ray_config.address or os.environ.get("RAY_ADDRESS") or None
+
+
+def asked(ray_config) -> dict[str, float]:
+    """Global CPUs and GPUs of the worker group."""
+    workers = ray_config.workers
+    return {"CPU": workers * ray_config.cpus_per_worker, "GPU": workers * ray_config.gpus_per_worker}
+
+
+def this_machine() -> dict[str, float]:
+    """What a local Ray started on this machine can really give: its CPUs and its CUDA devices."""
+    import torch
+
+    return {"CPU": float(os.cpu_count() or 1), "GPU": float(torch.cuda.device_count())}
+
+
+def shortfalls(ray_config, available: Mapping[str, float], where: str) -> list[str]:
+    """One line per resource the group asks for and `where` (e.g. "this machine") lacks; empty when it fits."""
+    workers, need = ray_config.workers, asked(ray_config)
+    have_cpus, have_gpus = float(available.get("CPU", 0)), float(available.get("GPU", 0))
+    lines = []
+    if need["GPU"] and not have_gpus:
+        lines.append(
+            f"train.ray.gpus_per_worker={ray_config.gpus_per_worker:g} asks for GPUs but {where} has none (the "
+            "workers would silently train on the CPU): set train.ray.gpus_per_worker=0 to train on CPUs, or run "
+            "on a GPU cluster (train.ray.address)"
+        )
+    elif need["GPU"] > have_gpus:
+        lines.append(
+            f"train.ray.workers x train.ray.gpus_per_worker = {workers} x {ray_config.gpus_per_worker:g} = "
+            f"{need['GPU']:g} GPUs, but {where} has {have_gpus:g}: lower train.ray.workers to "
+            f"{int(have_gpus // ray_config.gpus_per_worker)} or add GPUs"
+        )
+    if need["CPU"] > have_cpus:
+        lines.append(
+            f"train.ray.workers x train.ray.cpus_per_worker = {workers} x {ray_config.cpus_per_worker:g} = "
+            f"{need['CPU']:g} CPUs, but {where} has {have_cpus:g}: lower train.ray.cpus_per_worker (or workers)"
+        )
+    return lines
+
+
+def require(ray_config, available: Mapping[str, float], where: str) -> None:
+    """Raise ClusterResourcesError when `where` cannot hold the group."""
+    lines = shortfalls(ray_config, available, where)
+    if lines:
+        raise ClusterResourcesError("the worker group does not fit: " + "; ".join(lines))
