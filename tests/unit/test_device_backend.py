@@ -49,6 +49,17 @@ def test_a_worker_picks_its_backend_from_its_own_gpus_not_the_nodes(gpu_node, gp
     assert gpu_node == [backend]
 
 
+def test_an_explicit_nccl_backend_on_a_cpu_worker_is_refused_naming_the_key(monkeypatch):
+    from unirl_core.config.schema import TrainConfig
+    from unirl_core.errors import UserError
+
+    monkeypatch.setattr(torch.distributed, "is_initialized", lambda: True)
+    monkeypatch.setattr(torch.distributed, "get_backend", lambda group=None: "nccl")
+    monkeypatch.setattr(torch, "set_num_threads", lambda n: None)
+    with pytest.raises(UserError, match=r"train\.ray\.backend: nccl cannot reduce this worker's CPU tensors"):
+        TrainWorker().build(TrainConfig().model_dump_json(), "rl")
+
+
 # --- every loss input on the log-probs' device --------------------------------------------------------------------
 
 

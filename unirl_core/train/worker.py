@@ -35,7 +35,7 @@ class TrainWorker(TorchWorker):
         self.device = self.device_for(config.ray.gpus_per_worker)
         if self.device.type == "cuda":
             torch.cuda.set_device(self.device)
-        elif torch.distributed.get_backend() == "nccl":
+        elif torch.distributed.is_initialized() and torch.distributed.get_backend() == "nccl":
             from unirl_core.errors import UserError
 
             raise UserError(
