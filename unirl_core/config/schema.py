@@ -122,7 +122,9 @@ class ModelConfig(StrictModel):
     """A diffusers pipeline folder or hub id; `tiny:<family>` builds the tiny test model in the workspace."""
 
     dtype: Literal["float32", "bfloat16", "float16"] = "float32"
-    """Compute dtype of the model (log-probs are always float32)."""
+    """Dtype of the frozen weights and of the compute (`bfloat16` on GPUs). Trained parameters (LoRA or the whole
+    denoiser), their gradients and the optimizer state are float32 whatever it is, and so are log-probs. `float16`
+    is refused for training (no loss scaling)."""
 
     lora: LoraConfig | None = LoraConfig()
     """LoRA settings; empty (null) means full fine-tuning of the denoiser."""
@@ -389,7 +391,8 @@ class FSDPConfig(StrictModel):
     """How the trained module is sharded across the workers (FSDP2 `fully_shard`, block by block)."""
 
     mixed_precision: Literal["auto", "bf16", "none"] = "auto"
-    """`auto`: bf16 parameters with fp32 gradient reduction on CUDA, fp32 on CPU. `none`: fp32 everywhere."""
+    """`auto`: bf16 compute with fp32 gradient reduction on CUDA, fp32 on CPU. `none`: compute in the parameters'
+    dtype. A `bfloat16` model always computes in bf16 (on CPU too); trained parameters stay float32 in every case."""
 
     activation_checkpointing: bool = False
     """Recompute block activations in the backward pass (less memory, about a third more compute)."""

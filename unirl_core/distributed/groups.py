@@ -27,7 +27,7 @@ def worker_group(
         from unirl_core.distributed.local_group import LocalGroup
 
         assert ray_config.workers == 1, "an in-process group has one rank: set train.ray.workers=1"
-        with LocalGroup(worker_cls, backend, ray_config.collective_timeout_s) as group:
+        with LocalGroup(worker_cls, backend, ray_config.collective_timeout_s, ray_config.gpus_per_worker) as group:
             yield group
         return
     from unirl_core.distributed.cluster import ray_cluster

@@ -1,4 +1,6 @@
-"""torch.distributed set-up inside a worker: gloo on CPU, nccl on GPU."""
+"""torch.distributed set-up inside a worker: the backend follows the worker's own device (gloo on CPU, nccl on a GPU),
+never whether the node has GPUs: Ray 2.60 leaves every GPU visible to an actor that asked for none, and nccl cannot
+reduce that CPU worker's tensors."""
 
 from __future__ import annotations
 
@@ -8,8 +10,14 @@ import torch
 import torch.distributed as dist
 
 
-def default_backend() -> str:
-    return "nccl" if torch.cuda.is_available() else "gloo"
+def default_backend(device: torch.device | str) -> str:
+    """The backend of a worker computing on `device`: nccl for a CUDA device, gloo otherwise."""
+    return "nccl" if torch.device(device).type == "cuda" else "gloo"
+
+
+def resolve_backend(setting: str | None, device: torch.device | str) -> str:
+    """`train.ray.backend`: an explicit `gloo` / `nccl` wins; `auto` (or None) follows the worker's device."""
+    return setting if setting and setting != "auto" else default_backend(device)
 
 
 def open_store(host: str, world_size: int, timeout_s: int = 300) -> dist.TCPStore:
@@ -27,10 +35,11 @@ def init_process_group(
     backend: str | None = None,
     timeout_s: int = 300,
     store: dist.Store | None = None,
+    device: torch.device | str = "cpu",
 ) -> str:
     """Join the group of `world_size` ranks rendezvousing at master_addr:master_port (rank 0 passes the `store` it
-    opened there); returns the backend."""
-    backend = backend or default_backend()
+    opened there); `backend` None: the one of this worker's `device`. Returns the backend."""
+    backend = resolve_backend(backend, device)
     timeout = timedelta(seconds=timeout_s)
     store = store or dist.TCPStore(master_addr, master_port, world_size, is_master=False, timeout=timeout)
     dist.init_process_group(backend=backend, store=store, rank=rank, world_size=world_size, timeout=timeout)

@@ -7,6 +7,7 @@ so a call site and its definition stay linked.
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Callable
 from typing import Any
 
@@ -20,6 +21,7 @@ class TorchWorker:
     """One rank. Subclass it for real work; every public method can be called on the whole group."""
 
     store = None  # rank 0's rendezvous store, kept alive with the process group
+    gpus: float = 0  # in-process (`LocalGroup`): the recipe's gpus_per_worker; a Ray actor reads its own assignment
 
     def rendezvous_address(self, world_size: int, timeout_s: int = 300) -> tuple[str, int]:
         """Rank 0, before `setup`: open the process group's store on this node; returns where the ranks meet."""
@@ -36,7 +38,16 @@ class TorchWorker:
     ) -> str:
         self.rank, self.world_size = rank, world_size
         store = self.store if rank == 0 else None
-        return init_process_group(rank, world_size, master_addr, master_port, backend, timeout_s, store)
+        device = self.device_for(self.assigned_gpus())
+        return init_process_group(rank, world_size, master_addr, master_port, backend, timeout_s, store, device)
+
+    def assigned_gpus(self) -> float:
+        """GPUs this worker was given: a Ray actor's own (`ray.get_gpu_ids()`: Ray 2.60 leaves every GPU visible to
+        an actor that asked for none, so `torch.cuda.is_available()` says nothing about it), else `self.gpus`."""
+        ray = sys.modules.get("ray")  # not imported: not a Ray actor
+        if ray is not None and ray.is_initialized() and ray.get_runtime_context().get_actor_id() is not None:
+            return len(ray.get_gpu_ids())
+        return self.gpus
 
     def device_for(self, gpus: float) -> torch.device:
         """This worker's torch device: its Ray-assigned GPU (visible as cuda:0) when it has one, the current CUDA

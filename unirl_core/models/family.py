@@ -96,6 +96,8 @@ class Family(ABC):
                 init_lora_weights="gaussian",
             )  # fmt: skip
             self.trainable.add_adapter(config)
+            for parameter in self.parameters():  # float32 master weights: a bf16 LoRA loses small updates
+                parameter.data = parameter.data.float()
         else:
             self.trainable.requires_grad_(True)
 

@@ -2,8 +2,15 @@
 
 Model code never mentions FSDP: an adapter lists its blocks (`adapter.blocks()`), and this module shards them.
 LoRA is injected before wrapping (the adapter does it at build time), so the LoRA weights are sharded with their
-blocks. On CUDA the default mixed precision keeps bf16 parameters for compute and reduces gradients in fp32; on
-CPU (gloo) everything stays fp32. Activation checkpointing uses the model's own gradient checkpointing (diffusers).
+blocks. Activation checkpointing uses the model's own gradient checkpointing (diffusers).
+
+Mixed precision: the trained parameters (LoRA, or the whole denoiser) are float32 master weights, so are their
+gradients and AdamW's state, whatever `train.model.dtype` is (a bf16 weight has 8 significant bits: an update
+smaller than ~1/256 of the weight, e.g. lr 1e-5 on a weight of 0.01, rounds away). The frozen weights stay in the
+model dtype. The compute dtype is bf16 when the model is bfloat16 (on CPU too) or, with `fsdp.mixed_precision: auto`,
+on CUDA, or with `bf16`: FSDP2 casts the parameters to bf16 for the forward and backward and reduces gradients in
+fp32 (`MixedPrecisionPolicy(param_dtype=bf16, reduce_dtype=fp32)`). Log-probs are computed in float32 from the
+float32 velocity. A float32 model on CPU computes in float32 throughout.
 """
 
 from __future__ import annotations
@@ -12,22 +19,38 @@ import torch
 import torch.distributed as dist
 
 
-def mixed_precision_policy(setting: str, device: torch.device):
+def mixed_precision_policy(setting: str, device: torch.device, model_dtype: torch.dtype = torch.float32):
+    """FSDP2's policy: bf16 compute with fp32 gradient reduction for a bf16 model (any device), for `bf16`, and for
+    `auto` on CUDA; otherwise none (compute in the parameters' own dtype)."""
     from torch.distributed.fsdp import MixedPrecisionPolicy
 
-    bf16 = setting == "bf16" or (setting == "auto" and device.type == "cuda")
+    bf16 = setting == "bf16" or model_dtype == torch.bfloat16 or (setting == "auto" and device.type == "cuda")
     if not bf16:
         return MixedPrecisionPolicy()
     return MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
 
 
-def parallelize(module: torch.nn.Module, blocks: list[torch.nn.Module], device: torch.device, fsdp_config) -> None:
-    """Shard `module` over all ranks of the default process group, block by block, in place."""
+@torch.no_grad()
+def master_weights_fp32(module: torch.nn.Module) -> int:
+    """Every trained parameter of `module` in float32 (frozen ones keep their dtype); returns how many it cast."""
+    cast = 0
+    for parameter in module.parameters():
+        if parameter.requires_grad and parameter.dtype != torch.float32:
+            parameter.data = parameter.data.float()
+            cast += 1
+    return cast
+
+
+def parallelize(module: torch.nn.Module, blocks: list[torch.nn.Module], device: torch.device, fsdp_config,
+                model_dtype: torch.dtype = torch.float32) -> None:  # fmt: skip
+    """Shard `module` over all ranks of the default process group, block by block, in place, its trained
+    parameters as float32 master weights (`model_dtype`: the frozen weights' dtype, which picks the compute one)."""
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.fsdp import fully_shard
 
+    master_weights_fp32(module)
     mesh = init_device_mesh(device.type, (dist.get_world_size(),))
-    policy = mixed_precision_policy(fsdp_config.mixed_precision, device)
+    policy = mixed_precision_policy(fsdp_config.mixed_precision, device, model_dtype)
     if fsdp_config.activation_checkpointing:
         module.enable_gradient_checkpointing()
     for block in blocks:

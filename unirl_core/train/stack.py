@@ -36,6 +36,15 @@ def clip_gradients(parameters, max_norm: float) -> torch.Tensor:
     return full_value(torch.nn.utils.clip_grad_norm_(parameters, max_norm))
 
 
+def adamw(parameters: list[torch.nn.Parameter], lr: float) -> torch.optim.AdamW:
+    """AdamW (no weight decay) over float32 master weights; its state takes their dtype. A bf16 weight has 8
+    significant bits: an update below ~1/256 of the weight (lr 1e-5 on a weight of 0.01) would round away."""
+    low = sorted({str(p.dtype) for p in parameters if p.dtype != torch.float32})
+    if low:
+        raise ValueError(f"trained parameters in {low}: the optimizer needs float32 master weights (fsdp.parallelize)")
+    return torch.optim.AdamW(parameters, lr=lr, weight_decay=0.0)
+
+
 class TrainStack:
     """`total_updates`: optimizer steps of the whole run (RL steps x num_updates_per_batch), for the LR schedule."""
 
@@ -47,7 +56,7 @@ class TrainStack:
             )
         self.adapter, self.algorithm = adapter, algorithm
         self.loss = LOSSES[algorithm.name]
-        self.optimizer = torch.optim.AdamW(adapter.parameters(), lr=algorithm.learning_rate, weight_decay=0.0)
+        self.optimizer = adamw(adapter.parameters(), algorithm.learning_rate)
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(
             self.optimizer,
             lambda step: lr_factor(step, total_updates, algorithm.lr_schedule, algorithm.warmup_steps),
@@ -80,7 +89,9 @@ class TrainStack:
         return logp_old
 
     def train(self, rollout, advantages_B: torch.Tensor, step: int) -> dict[str, float]:
+        """`advantages_B`: float32 [B], on any device (moved to the log-probs' device: they meet in the loss)."""
         logp_old = self.prepare(rollout)
+        advantages_B = advantages_B.to(logp_old.device, torch.float32)
         metrics: dict[str, list[float]] = {}
         for mini in self._mini_batches(advantages_B.shape[0]):
             self.optimizer.zero_grad(set_to_none=True)
@@ -130,7 +141,7 @@ class WarmupStack:
 
     def __init__(self, adapter, warmup, max_grad_norm: float):
         self.adapter, self.max_grad_norm, self.micro_batch_size = adapter, max_grad_norm, warmup.micro_batch_size
-        self.optimizer = torch.optim.AdamW(adapter.parameters(), lr=warmup.learning_rate, weight_decay=0.0)
+        self.optimizer = adamw(adapter.parameters(), warmup.learning_rate)
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, lambda step: 1.0)
 
     def train(self, latents: torch.Tensor, cond: dict, generators: list, step: int) -> dict[str, float]:

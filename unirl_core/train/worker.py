@@ -35,9 +35,16 @@ class TrainWorker(TorchWorker):
         self.device = self.device_for(config.ray.gpus_per_worker)
         if self.device.type == "cuda":
             torch.cuda.set_device(self.device)
+        elif torch.distributed.is_initialized() and torch.distributed.get_backend() == "nccl":
+            from unirl_core.errors import UserError
+
+            raise UserError(
+                f"train.ray.backend: nccl cannot reduce this worker's CPU tensors (train.ray.gpus_per_worker: "
+                f"{config.ray.gpus_per_worker}); set it to auto or gloo, or give each worker a GPU"
+            )
         torch.manual_seed(config.sampling.seed)  # identical initial (LoRA) weights on every rank before sharding
         self.adapter = build_family(config.model, config.sampling, device=str(self.device))
-        parallelize(self.adapter.trainable, self.adapter.blocks(), self.device, config.fsdp)
+        parallelize(self.adapter.trainable, self.adapter.blocks(), self.device, config.fsdp, self.adapter.dtype)
         if stage == "rl":
             from unirl_core.rewards.service import RewardService
             from unirl_core.train.stack import TrainStack
@@ -78,7 +85,8 @@ class TrainWorker(TorchWorker):
     def train(self, advantages: list[float], step: int) -> dict[str, float]:
         """Train on this rank's stored rollout with the controller's advantages (gradients averaged by FSDP)."""
         started = time.perf_counter()
-        metrics = self.stack.train(self._rollout, torch.tensor(advantages, dtype=torch.float32), step)
+        advantages_B = torch.tensor(advantages, dtype=torch.float32, device=self.device)  # meets the log-probs
+        metrics = self.stack.train(self._rollout, advantages_B, step)
         if self.ema:
             self.ema.update(step)
         self._rollout = None

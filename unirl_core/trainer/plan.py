@@ -58,6 +58,8 @@ def validate(config: TrainConfig, precache=None) -> None:
     ]
     problems += _data_problems(config) + _size_problems(config) + _warmup_problems(config, precache)
     problems += _machine_problems(config)
+    if config.model.dtype == "float16":  # no loss scaling: fp16 gradients underflow; bf16 has fp32's range
+        problems.append("train.model.dtype: 'float16' cannot train (no loss scaling); use bfloat16 or float32")
     if problems:
         raise TrainingConfigError("training cannot start:\n  " + "\n  ".join(problems))
 

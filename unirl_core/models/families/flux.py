@@ -58,12 +58,14 @@ def pooled_width(path: str) -> int:
 
 
 def resolution_shift(image_seq_len: int, config) -> float:
-    """FLUX's mu: linear in the packed token count, base_shift at base_image_seq_len, max_shift at
-    max_image_seq_len (the pipeline's `calculate_shift` with the scheduler config's values)."""
-    base_len, max_len = config.get("base_image_seq_len", 256), config.get("max_image_seq_len", 4096)
-    base_shift, max_shift = config.get("base_shift", 0.5), config.get("max_shift", 1.15)
-    slope = (max_shift - base_shift) / (max_len - base_len)
-    return image_seq_len * slope + base_shift - slope * base_len
+    """FLUX's mu: the pipeline's `calculate_shift` (linear in the packed token count) with the scheduler config's
+    base/max sequence lengths and shifts."""
+    from diffusers.pipelines.flux.pipeline_flux import calculate_shift
+
+    return calculate_shift(
+        image_seq_len, config.get("base_image_seq_len", 256), config.get("max_image_seq_len", 4096),
+        config.get("base_shift", 0.5), config.get("max_shift", 1.15),
+    )  # fmt: skip
 
 
 def pack(latents_BChw: torch.Tensor) -> torch.Tensor:

@@ -28,6 +28,7 @@ import numpy as np
 import torch
 
 from unirl_core.algorithms.losses import flow_matching_loss
+from unirl_core.models.families.flux import pack, unpack  # the same 2x2 packing (`_pack_latents`)
 from unirl_core.models.family import Family
 from unirl_core.rollout.noise import Generators, per_sample, randn
 from unirl_core.rollout.samplers import StepResult, flow_sde_step
@@ -39,21 +40,6 @@ QWEN_IMAGE_TRANSFORMER = {
     "patch_size": 2, "in_channels": 64, "out_channels": 16, "num_layers": 60, "attention_head_dim": 128,
     "num_attention_heads": 24, "joint_attention_dim": 3584, "guidance_embeds": False, "axes_dims_rope": [16, 56, 56],
 }  # fmt: skip
-
-
-def pack(latents_BCHW: torch.Tensor) -> torch.Tensor:
-    """[B, C, h, w] -> [B, (h/2)(w/2), 4C]: 2x2 patches, channels-major within a patch (the pipeline's
-    `_pack_latents`)."""
-    b, c, h, w = latents_BCHW.shape
-    patches = latents_BCHW.view(b, c, h // 2, 2, w // 2, 2).permute(0, 2, 4, 1, 3, 5)
-    return patches.reshape(b, (h // 2) * (w // 2), c * 4)
-
-
-def unpack(tokens_BND: torch.Tensor, h: int, w: int) -> torch.Tensor:
-    """`pack`'s inverse: [B, (h/2)(w/2), 4C] -> [B, C, h, w]."""
-    b, _, d = tokens_BND.shape
-    patches = tokens_BND.view(b, h // 2, w // 2, d // 4, 2, 2).permute(0, 3, 1, 4, 2, 5)
-    return patches.reshape(b, d // 4, h, w)
 
 
 def true_cfg(output: torch.Tensor, scale: float) -> torch.Tensor:
