@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -74,8 +75,12 @@ def test_two_raylets_on_this_machine_run_a_spread_group_with_the_forwarded_envir
            "SCORER_TOKEN": "token-" + SECRET}  # fmt: skip
     env.pop("RAY_ADDRESS", None)
     script = root / "tests/support/two_node_cluster.py"
-    done = subprocess.run([sys.executable, str(script), temp_dir], env=env, capture_output=True, text=True,
-                          timeout=300, cwd=tmp_path)  # fmt: skip
+    try:
+        done = subprocess.run([sys.executable, str(script), temp_dir], env=env, capture_output=True, text=True,
+                              timeout=300, cwd=tmp_path)  # fmt: skip
+        logged = {path: path.read_bytes() for path in Path(temp_dir).rglob("*") if path.is_file()}
+    finally:
+        shutil.rmtree(temp_dir, ignore_errors=True)
     assert done.returncode == 0, done.stderr[-3000:]
     answer = json.loads(done.stdout.strip().splitlines()[-1])
     assert answer["strategy"] == "STRICT_SPREAD"
@@ -85,7 +90,6 @@ def test_two_raylets_on_this_machine_run_a_spread_group_with_the_forwarded_envir
                 "SCORER_TOKEN": "token-" + SECRET}  # fmt: skip
     assert [rank["env"] for rank in answer["seen"]] == [expected, expected]
     assert "gpus_per_worker=1 asks for GPUs but the Ray cluster at" in answer["refused"]
-    logged = {path: path.read_bytes() for path in Path(temp_dir).rglob("*") if path.is_file()}
     assert not [str(path) for path, data in logged.items() if SECRET.encode() in data]
     assert SECRET not in done.stderr  # the driver's logs (stdout is the workers' answer, values included)
     assert any(PUBLIC.encode() in data for data in logged.values())  # the search reaches where Ray logs values

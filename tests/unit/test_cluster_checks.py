@@ -22,10 +22,15 @@ def train_config(tmp_path, *overrides):
 
 @pytest.fixture
 def machine(monkeypatch):
-    """This machine as the resource checks see it: set `machine(cpus=..., gpus=...)`."""
+    """This machine as the resource checks see it, `machine(cpus=..., gpus=...)`, for a round that starts its own
+    local Ray (even when the test session already holds one: `ray_local`)."""
     import os
 
     import torch
+
+    from unirl_core.distributed import resources
+
+    monkeypatch.setattr(resources, "starts_local_ray", lambda ray_config: not resources.cluster_address(ray_config))
 
     def set_machine(cpus: int = 2, gpus: int = 0) -> None:
         monkeypatch.setattr(os, "cpu_count", lambda: cpus)

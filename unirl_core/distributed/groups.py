@@ -31,12 +31,12 @@ def worker_group(
             yield group
         return
     from unirl_core.distributed.cluster import ray_cluster
-    from unirl_core.distributed.resources import cluster_address, require, this_machine
+    from unirl_core.distributed.resources import cluster_address, require, starts_local_ray, this_machine
     from unirl_core.distributed.worker_env import worker_env
     from unirl_core.distributed.worker_group import WorkerGroup
 
     address = cluster_address(ray_config)
-    if not address:
+    if starts_local_ray(ray_config):
         require(ray_config, this_machine(), "this machine")  # Ray would give a local cluster any GPUs it is told
     env = worker_env(ray_config, credential_names, os.environ)
     logger.info("Ray workers get %s", env.describe())  # names only

@@ -11,6 +11,7 @@ existing cluster (`train.ray.address`) is asked after connecting (`ray.cluster_r
 from __future__ import annotations
 
 import os
+import sys
 from collections.abc import Mapping
 
 from unirl_core.errors import UserError
@@ -23,6 +24,13 @@ class ClusterResourcesError(UserError, RuntimeError):
 def cluster_address(ray_config) -> str | None:
     """The existing cluster a round joins, or None: a local Ray started for the round."""
     return ray_config.address or os.environ.get("RAY_ADDRESS") or None
+
+
+def starts_local_ray(ray_config) -> bool:
+    """Whether the round starts a local Ray on this machine: no cluster address, and this process is not already
+    connected to a Ray (a notebook's or a test session's, which the round then uses as is)."""
+    ray = sys.modules.get("ray")  # not imported: not connected
+    return not cluster_address(ray_config) and not (ray is not None and ray.is_initialized())
 
 
 def asked(ray_config) -> dict[str, float]:

@@ -67,9 +67,9 @@ def validate(config: TrainConfig, precache=None) -> None:
 def _machine_problems(config: TrainConfig) -> list[str]:
     """A local Ray started for the round (or `--local`) has this machine's CPUs and GPUs; an existing cluster
     (`train.ray.address`) is asked when the round connects to it (`distributed.groups.worker_group`)."""
-    from unirl_core.distributed.resources import cluster_address, shortfalls, this_machine
+    from unirl_core.distributed.resources import shortfalls, starts_local_ray, this_machine
 
-    if cluster_address(config.ray):
+    if not starts_local_ray(config.ray):
         return []
     return shortfalls(config.ray, this_machine(), "this machine")
 
