@@ -74,7 +74,7 @@ class WorkerGroup:
                     scheduling_strategy=PlacementGroupSchedulingStrategy(
                         self.placement_group, placement_group_bundle_index=i
                     ),
-                    **({"runtime_env": env.runtime_env()} if env.runtime_env() else {}),
+                    runtime_env=env.runtime_env() or None,
                 ).remote()
                 for i in range(world_size)
             ]
