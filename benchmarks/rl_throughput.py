@@ -212,9 +212,9 @@ def report(seconds: dict, peaks: dict, images: int, args) -> None:
     print(f"\n{images} images a step, {args.size} px, {args.inference_steps} steps, CFG 4.5, LoRA r32, {args.dtype}, "
           f"{args.device}, torch threads {torch.get_num_threads()}")  # fmt: skip
     print(f"{'phase':<16} {'s':>8} {'share':>6} {'img/s':>7} {memory:>28}")
-    for name in PHASES:
-        print(f"{name:<16} {seconds[name]:>8.2f} {seconds[name] / step:>6.0%} {images / seconds[name]:>7.2f} "
-              f"{peaks[name]:>28.2f}")  # fmt: skip
+    for name in PHASES:  # images/s of the rollout alone: the other phases make no images
+        rate = f"{images / seconds[name]:.2f}" if name == "rollout" else "-"
+        print(f"{name:<16} {seconds[name]:>8.2f} {seconds[name] / step:>6.0%} {rate:>7} {peaks[name]:>28.2f}")
     print(f"{'GRPO step':<16} {step:>8.2f} {'100%':>6} {images / step:>7.2f} {max(peaks[k] for k in PHASES):>28.2f}")
     print(f"{'bare pipeline':<16} {seconds['bare']:>8.2f} {'':>6} {images / seconds['bare']:>7.2f} "
           f"{peaks['bare']:>28.2f}")  # fmt: skip
@@ -241,9 +241,8 @@ def main() -> None:
     args.micro_batch = 4 if full else 2  # per forward: x2 rows with CFG
     args.dtype = "bfloat16" if args.device.startswith("cuda") else "float32"
     import diffusers
-    import transformers
-
     import huggingface_hub.utils
+    import transformers
 
     diffusers.utils.logging.set_verbosity_error()
     diffusers.utils.logging.disable_progress_bar()
