@@ -2,6 +2,7 @@
 
     .venv/bin/python benchmarks/rl_throughput.py            # CPU: a scaled-down shape (2 blocks, 128 px, 4 steps)
     .venv/bin/python benchmarks/rl_throughput.py --full     # GPU: the real shape, 512 px, 10 steps, bf16
+    .venv/bin/python benchmarks/rl_throughput.py --full --deterministic   # the cost of train.deterministic
 
 The transformer is SD3.5-medium's published config (`real_sizes.VARIANTS["sd3.5-medium"]`: 24 blocks x 1536 wide,
 dual attention in the first 13, 2.5 B parameters) with random weights; `--full` keeps it whole, the CPU default keeps
@@ -43,6 +44,7 @@ from unirl_core.models.real_sizes import VARIANTS  # noqa: E402
 from unirl_core.models.registry import build_family  # noqa: E402
 from unirl_core.rewards.service import RewardService  # noqa: E402
 from unirl_core.rollout.rollout import run_rollout  # noqa: E402
+from unirl_core.train.determinism import apply_determinism  # noqa: E402
 from unirl_core.train.stack import TrainStack  # noqa: E402
 
 # Flow-GRPO's SD3 LoRA (scripts/train_sd3.py), as in unirl_core/recipes/sd35_medium_grpo.yaml
@@ -210,7 +212,7 @@ def report(seconds: dict, peaks: dict, images: int, args) -> None:
     step = sum(seconds[k] for k in PHASES)
     memory = "peak allocated GiB" if args.device.startswith("cuda") else "peak RSS GiB (process, so far)"
     print(f"\n{images} images a step, {args.size} px, {args.inference_steps} steps, CFG 4.5, LoRA r32, {args.dtype}, "
-          f"{args.device}, torch threads {torch.get_num_threads()}")  # fmt: skip
+          f"{args.device}, torch threads {torch.get_num_threads()}, deterministic {args.deterministic}")  # fmt: skip
     print(f"{'phase':<16} {'s':>8} {'share':>6} {'img/s':>7} {memory:>28}")
     for name in PHASES:  # images/s of the rollout alone: the other phases make no images
         rate = f"{images / seconds[name]:.2f}" if name == "rollout" else "-"
@@ -228,14 +230,14 @@ def main() -> None:
     parser.add_argument("--full", action="store_true", help="the real shape: 24 blocks, 512 px, 10 steps, bf16, cuda")
     parser.add_argument("--device", default=None, help="default: cuda with --full, else cpu")
     parser.add_argument("--layers", type=int, default=None, help="transformer blocks (default: 24 with --full, else 2)")
-    parser.add_argument(
-        "--steps", type=int, default=None, help="counted GRPO steps after the warm-up (default 2, CPU 1)"
-    )
+    parser.add_argument("--steps", type=int, default=None, help="counted steps after the warm-up (default 2)")
+    parser.add_argument("--deterministic", action="store_true", help="train.deterministic's settings (their cost)")
     args = parser.parse_args()
+    apply_determinism(args.deterministic)  # before the first cuBLAS call, as at a rank's setup
     full = args.full
     args.device = args.device or ("cuda" if full else "cpu")
     args.layers = args.layers if args.layers is not None else (None if full else 2)
-    args.steps = args.steps or (2 if full else 1)
+    args.steps = args.steps or 2
     args.size, args.inference_steps = (512, 10) if full else (128, 4)
     args.prompts, args.group = (2, 8) if full else (2, 2)  # 16 images a step per device (the goal), CPU 4
     args.micro_batch = 4 if full else 2  # per forward: x2 rows with CFG
