@@ -11,7 +11,8 @@ tokenizers, 1-2 layers) but give conditioning of the real shape (CLIP 77 + T5 25
 and the VAE is a tiny 16-channel one with SD3's 8x downsampling. LoRA r32 / alpha 64 on Flow-GRPO's SD3 targets,
 CFG 4.5, SDE noise 0.7, jpeg_compressibility, 2 updates per rollout.
 
-A step's phases (the first step is a warm-up and is not counted):
+A step's phases (the first step is a warm-up and is not counted; each phase's figure is its fastest of the counted
+steps, `--steps`, since other work on a shared machine only adds time):
   rollout  encode prompts, denoise with per-step log-probs (every step but the last stochastic), decode
   reward   jpeg_compressibility on the decoded images, advantages
   pi_old   the log-probs of pi_old recomputed at the training geometry (TrainStack.prepare)
@@ -25,7 +26,6 @@ from __future__ import annotations
 
 import argparse
 import resource
-import statistics
 import sys
 import tempfile
 import time
@@ -186,7 +186,8 @@ def bare_pipeline(adapter, config, step: int, meter: Meter) -> None:
 
 
 def measure(path: str, args) -> tuple[dict, dict, int]:
-    """Seconds per phase (mean over the counted steps), peak GiB per phase, images per step."""
+    """Seconds per phase (the fastest of the counted steps: other work on a shared machine only adds time), peak GiB
+    per phase, images per step."""
     config = recipe(path, args)
     torch.manual_seed(config.sampling.seed)
     adapter = build_family(config.model, config.sampling, device=args.device)
@@ -203,7 +204,7 @@ def measure(path: str, args) -> tuple[dict, dict, int]:
         print(f"  step {step}{' (warm-up)' if step == 0 else ''}: "
               + ", ".join(f"{k} {v:.2f} s" for k, v in meter.seconds.items()), flush=True)  # fmt: skip
     counted = rows[1:]
-    seconds = {k: statistics.mean(m.seconds[k] for m in counted) for k in (*PHASES, "bare")}
+    seconds = {k: min(m.seconds[k] for m in counted) for k in (*PHASES, "bare")}
     peaks = {k: max(m.peak_gib[k] for m in rows) for k in (*PHASES, "bare")}
     return seconds, peaks, config.data.prompts_per_rollout * config.sampling.samples_per_prompt
 
