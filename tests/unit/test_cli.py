@@ -49,6 +49,8 @@ def test_recipes_lists_packaged_recipes():
         "prompts_file",
         "qwen_image_edit_grpo",
         "qwen_image_grpo",
+        "sd35_large_grpo",
+        "sd35_medium_grpo",
         "sdxl_ddpo",
     ]
 

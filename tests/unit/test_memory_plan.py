@@ -26,6 +26,7 @@ PUBLISHED = {
 RECIPES = {  # packaged recipe -> the real variant it is written for
     "flux_dev_grpo": "flux1-dev", "flux_kontext_grpo": "flux1-kontext-dev", "flux2_klein_grpo": "flux2-klein-base-9b",
     "qwen_image_grpo": "qwen-image", "qwen_image_edit_grpo": "qwen-image-edit", "sdxl_ddpo": "sdxl-base-1.0",
+    "sd35_medium_grpo": "sd3.5-medium", "sd35_large_grpo": "sd3.5-large",
 }  # fmt: skip
 
 

@@ -478,6 +478,11 @@ class TrainConfig(StrictModel):
     steps: Annotated[Count, Field(ge=1)] = 10
     """RL steps (rollout -> reward -> advantage -> update) of the whole run (the LR schedule spans them)."""
 
+    deterministic: bool = False
+    """CUDA determinism on every rank (cuBLAS workspace `:4096:8`, deterministic algorithms, cuDNN autotuning off):
+    bitwise-repeatable GPU steps at the cost of slower kernels (unirl_core/train/determinism.py). CPU runs are
+    deterministic either way."""
+
     steps_per_round: Annotated[Count, Field(ge=1)] | None = None
     """RL steps per training round (one retryable Prefect task). Empty: all steps in one round."""
 

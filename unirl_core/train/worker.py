@@ -26,11 +26,13 @@ class TrainWorker(TorchWorker):
 
         quiet_model_libraries()
         from unirl_core.models.registry import build_family
+        from unirl_core.train.determinism import apply_determinism
         from unirl_core.train.ema import EMA
         from unirl_core.train.fsdp import local_fraction, parallelize
 
         self.config = config = TrainConfig.model_validate_json(config_json)
         self.stage = stage
+        apply_determinism(config.deterministic)  # before the first cuBLAS call
         torch.set_num_threads(max(1, int(config.ray.cpus_per_worker)))
         self.device = self.device_for(config.ray.gpus_per_worker)
         if self.device.type == "cuda":
