@@ -499,6 +499,12 @@ class TrainConfig(StrictModel):
     eval_prompts: Annotated[Count, Field(ge=1)] = 4
     """How many eval prompts are sampled (the first N)."""
 
+    grid_prompts: Annotated[Count, Field(ge=1)] = 4
+    """The round's sample grid (its last step's images): the first N prompts of the step ..."""
+
+    grid_images_per_prompt: Annotated[Count, Field(ge=1)] = 4
+    """... and the first K samples of each. Only these images leave the ranks (a step's images stay there)."""
+
     ema: EMAConfig | None = None
     """EMA of the trained weights for evaluation and export. Empty: none."""
 

@@ -64,9 +64,10 @@ class TrainWorker(TorchWorker):
 
     # --- RL ---------------------------------------------------------------------------------------------------
 
-    def rollout(self, samples: list, step: int, want_images: bool = False) -> dict[str, Any]:
+    def rollout(self, samples: list, step: int, want_images: list[str] = ()) -> dict[str, Any]:
         """Roll out this rank's samples with the current weights and score them; the rollout stays here for
-        `train`. Returns the reward components (lists in sample order) and, when asked, the images."""
+        `train`. Returns the reward components (lists in sample order) and the images of the samples whose ids are
+        in `want_images` (the sample grid's: {sample id: image})."""
         from unirl_core.rollout.rollout import run_rollout
 
         config = self.config
@@ -77,9 +78,14 @@ class TrainWorker(TorchWorker):
         scores = self.rewards.score(
             self._rollout.images, [s.example.prompt for s in samples], [s.sample_id for s in samples]
         )
+        wanted = set(want_images)
         return {
             "rewards": {k: [float(x) for x in v] for k, v in scores.items()},
-            "images": self._rollout.images if want_images else None,
+            "images": {
+                s.sample_id: image
+                for s, image in zip(samples, self._rollout.images, strict=True)
+                if s.sample_id in wanted
+            },  # fmt: skip
             "seconds_rollout": rolled - started,
             "seconds_reward": time.perf_counter() - rolled,
         }

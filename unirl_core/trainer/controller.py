@@ -171,8 +171,11 @@ class Controller:
         started = time.perf_counter()
         batch = self.source.next_batch()
         samples = expand_groups(batch, group, first_group_id=stage_step * config.data.prompts_per_rollout)
+        first_group = samples[0].group_id
+        grid = [s for s in samples if s.group_id - first_group < config.grid_prompts
+                and s.sample_index < config.grid_images_per_prompt] if want_images else []  # fmt: skip
         results = self.group.scatter(TrainWorker.rollout, split_even(samples, self.workers), stage_step,
-                                     want_images, timeout=timeout)  # fmt: skip
+                                     [s.sample_id for s in grid], timeout=timeout)  # fmt: skip
         scores = {k: [x for r in results for x in r["rewards"][k]] for k in results[0]["rewards"]}
         prompts = [s.example.prompt for s in samples]
         advantages, advantage_stats = compute_advantages(
@@ -184,8 +187,10 @@ class Controller:
         metrics["seconds_rollout"] = max(r["seconds_rollout"] for r in results)
         metrics["seconds_reward"] = max(r["seconds_reward"] for r in results)
         metrics["images_per_s"] = len(samples) / (time.perf_counter() - started)
-        if want_images:
-            self.last_images = ([image for r in results for image in r["images"]], [b.prompt for b in batch])
+        if want_images:  # only the grid's images came back
+            images = {sample_id: image for r in results for sample_id, image in r["images"].items()}
+            prompts = [b.prompt for b in batch[: config.grid_prompts]]
+            self.last_images = ([images[s.sample_id] for s in grid], prompts)
         return metrics
 
     def warmup_step(self, stage_step: int, timeout: float) -> dict[str, float]:
@@ -255,7 +260,8 @@ class Controller:
         from unirl_core.train.images import captioned_grid
 
         images, prompts = self.last_images
-        grid = captioned_grid(images, prompts, cols=self.config.sampling.samples_per_prompt)
+        cols = min(self.config.sampling.samples_per_prompt, self.config.grid_images_per_prompt)
+        grid = captioned_grid(images, prompts, cols=cols)
         step = self.round.end - 1
         path = self.out / "samples" / f"round_{self.round.index:03d}_step_{step:08d}.png"
         return self.save_grid(grid, path, "samples", step)
