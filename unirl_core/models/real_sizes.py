@@ -60,20 +60,10 @@ _T5_XXL = (
         "tie_word_embeddings": False,
     },
 )
-_CLIP_L_PLAIN = (
-    "transformers",
-    "CLIPTextModel",
-    "CLIPTextConfig",
-    {  # FLUX.1 and SDXL: no projection
-        "vocab_size": 49408,
-        "hidden_size": 768,
-        "intermediate_size": 3072,
-        "num_hidden_layers": 12,
-        "num_attention_heads": 12,
-        "max_position_embeddings": 77,
-        "hidden_act": "quick_gelu",
-    },
-)
+_CLIP_L_PLAIN = (  # FLUX.1 and SDXL: CLIP-L without the projection
+    "transformers", "CLIPTextModel", "CLIPTextConfig",
+    {k: v for k, v in _CLIP_L[3].items() if k != "projection_dim"},
+)  # fmt: skip
 _QWEN25_VL_7B = (
     "transformers",
     "Qwen2_5_VLForConditionalGeneration",

@@ -54,6 +54,22 @@ def _clip_config(vocab_size: int, projection: bool):
     )
 
 
+def tiny_t5_config(vocab_size: int):
+    """A 1-layer T5 encoder config of width T5_HIDDEN (SD3's and FLUX.1's T5 stand-in)."""
+    from transformers import T5Config
+
+    return T5Config(
+        vocab_size=vocab_size,
+        d_model=T5_HIDDEN,
+        d_kv=8,
+        d_ff=64,
+        num_layers=1,
+        num_heads=4,
+        relative_attention_num_buckets=8,
+        decoder_start_token_id=0,
+    )
+
+
 def _tiny_vae(scaling_factor: float, shift_factor: float | None = None):
     """A 2-block AutoencoderKL (downsamples by 2) with the latent scaling of the family it stands in for."""
     from diffusers import AutoencoderKL
@@ -76,7 +92,7 @@ def _tiny_vae(scaling_factor: float, shift_factor: float | None = None):
 def build_sd3():
     """A complete tiny StableDiffusion3Pipeline (about 0.23 M parameters, 1.1 MB on disk)."""
     from diffusers import FlowMatchEulerDiscreteScheduler, SD3Transformer2DModel, StableDiffusion3Pipeline
-    from transformers import ByT5Tokenizer, CLIPTextModelWithProjection, T5Config, T5EncoderModel
+    from transformers import ByT5Tokenizer, CLIPTextModelWithProjection, T5EncoderModel
 
     clip_tokenizer = byte_level_clip_tokenizer()
     t5_tokenizer = ByT5Tokenizer()
@@ -93,16 +109,7 @@ def build_sd3():
         pooled_projection_dim=2 * CLIP_HIDDEN,
         pos_embed_max_size=32,
     )
-    t5_config = T5Config(
-        vocab_size=len(t5_tokenizer),
-        d_model=T5_HIDDEN,
-        d_kv=8,
-        d_ff=64,
-        num_layers=1,
-        num_heads=4,
-        relative_attention_num_buckets=8,
-        decoder_start_token_id=0,
-    )
+    t5_config = tiny_t5_config(len(t5_tokenizer))
     return StableDiffusion3Pipeline(
         transformer=transformer,
         scheduler=FlowMatchEulerDiscreteScheduler(shift=3.0),

@@ -14,7 +14,7 @@ multiple of the real model's 16 also works here.
 
 from __future__ import annotations
 
-from unirl_core.models.tiny import T5_HIDDEN, _clip_config, _tiny_vae, byte_level_clip_tokenizer
+from unirl_core.models.tiny import T5_HIDDEN, _clip_config, _tiny_vae, byte_level_clip_tokenizer, tiny_t5_config
 
 VAE_CHANNELS = 4  # the tiny VAE's latent channels (FLUX.1's real VAE has 16)
 T5_TOKENS = 64  # the tiny T5 tokenizer's model_max_length, which caps the family's max_sequence_length (real: 512)
@@ -30,7 +30,7 @@ SCHNELL_SCHEDULER = dict(num_train_timesteps=1000, shift=1.0, use_dynamic_shifti
 
 def _components(guidance_embeds: bool, scheduler: dict) -> dict:
     from diffusers import FlowMatchEulerDiscreteScheduler, FluxTransformer2DModel
-    from transformers import ByT5Tokenizer, CLIPTextModel, T5Config, T5EncoderModel
+    from transformers import ByT5Tokenizer, CLIPTextModel, T5EncoderModel
 
     clip_tokenizer = byte_level_clip_tokenizer()
     t5_tokenizer = ByT5Tokenizer(model_max_length=T5_TOKENS)
@@ -46,16 +46,7 @@ def _components(guidance_embeds: bool, scheduler: dict) -> dict:
         guidance_embeds=guidance_embeds,
         axes_dims_rope=(2, 2, 4),  # sums to attention_head_dim
     )
-    t5_config = T5Config(
-        vocab_size=len(t5_tokenizer),
-        d_model=T5_HIDDEN,
-        d_kv=8,
-        d_ff=64,
-        num_layers=1,
-        num_heads=4,
-        relative_attention_num_buckets=8,
-        decoder_start_token_id=0,
-    )
+    t5_config = tiny_t5_config(len(t5_tokenizer))
     return dict(
         transformer=transformer,
         scheduler=FlowMatchEulerDiscreteScheduler(**scheduler),
