@@ -33,7 +33,7 @@ def bare_steps(config, steps: int | None = None, device: str = "cpu") -> Iterato
     for step in range(total):
         started = time.perf_counter()
         samples = expand_groups(source.next_batch(), group, first_group_id=step * config.data.prompts_per_rollout)
-        rollout = run_rollout(adapter, samples, config.sampling, algorithm, seed=config.sampling.seed + step)
+        rollout = run_rollout(adapter, samples, config.sampling, algorithm, seed=config.sampling.seed + step, step=step)
         rolled = time.perf_counter()
         prompts = [s.example.prompt for s in samples]
         scores = rewards.score(rollout.images, prompts, [s.sample_id for s in samples])

@@ -147,7 +147,7 @@ def grpo_step(adapter, stack, source, rewards, tracker, config, step: int, meter
     group, algorithm = config.sampling.samples_per_prompt, config.algorithm
     samples = expand_groups(source.next_batch(), group, first_group_id=step * config.data.prompts_per_rollout)
     started = meter.start()
-    rollout = run_rollout(adapter, samples, config.sampling, algorithm, seed=config.sampling.seed + step)
+    rollout = run_rollout(adapter, samples, config.sampling, algorithm, seed=config.sampling.seed + step, step=step)
     meter.stop("rollout", started)
     started = meter.start()
     prompts = [s.example.prompt for s in samples]

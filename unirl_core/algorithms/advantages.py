@@ -36,6 +36,30 @@ def group_advantages(
     }
 
 
+def prompt_group_advantages(
+    prompts: list[str], rewards_B: torch.Tensor, std_mode: str = "group", eps: float = 1e-4, clip: float | None = 5.0
+) -> tuple[torch.Tensor, dict[str, float]]:
+    """flow_grpo's grouping: every sample with the same prompt text is one group, wherever it sits in the batch
+    (a prompt drawn twice in a step forms one group of 2K); the std per group, or one batch-wide std."""
+    rewards = rewards_B.double()
+    advantages = torch.empty_like(rewards)
+    batch_std = rewards.std(unbiased=False)
+    zero_std = []
+    for prompt in dict.fromkeys(prompts):
+        index = torch.tensor([i for i, p in enumerate(prompts) if p == prompt])
+        members = rewards[index]
+        std = members.std(unbiased=False) if std_mode == "group" else batch_std
+        advantages[index] = (members - members.mean()) / (std + eps)
+        zero_std.append(float(members.max() == members.min()))
+    if clip is not None:
+        advantages = advantages.clamp(-clip, clip)
+    return advantages.float(), {
+        "zero_std_ratio": sum(zero_std) / len(zero_std),
+        "advantage_mean": advantages.mean().item(),
+        "advantage_abs_max": advantages.abs().max().item(),
+    }
+
+
 class PerPromptStatTracker:
     """DDPO's tracker: normalize each reward by its prompt's recent rewards (a buffer of `buffer_size`); until the
     buffer holds `min_count` rewards, use the whole batch's statistics."""
@@ -75,6 +99,8 @@ def compute_advantages(
     +-adv_clip, and their stats. `per_prompt` normalizes by each prompt's running stats in `tracker` (flow_grpo's
     per-prompt stat tracking); the others within the batch (`group_advantages`)."""
     rewards_B = torch.tensor(rewards)
+    if algorithm.group_by == "prompt" and algorithm.std_mode != "per_prompt":
+        return prompt_group_advantages(prompts, rewards_B, algorithm.std_mode, clip=algorithm.adv_clip)
     if algorithm.std_mode != "per_prompt":
         return group_advantages(rewards_B, group, algorithm.std_mode, clip=algorithm.adv_clip)
     _, stats = group_advantages(rewards_B, group, "group", clip=algorithm.adv_clip)  # zero_std_ratio

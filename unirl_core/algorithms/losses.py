@@ -1,9 +1,12 @@
 """Losses: PPO-clip on per-step log-probs, KL to the reference policy, and the flow-matching supervised loss.
 
 ratio = exp(logp_new - logp_old)
-loss  = mean(max(-A ratio, -A clip(ratio, 1 - eps, 1 + eps)))     (eps ~ 1e-4: per-step ratios are near 1)
-pg    = mean(-A log pi)                                            (`reinforce`: on-policy, one update per rollout)
-kl    = mean((mean_new - mean_ref)^2) / (2 std^2)                 (Gaussian steps of equal std)
+loss  = max(-A ratio, -A clip(ratio, 1 - eps, 1 + eps))     per sample (eps ~ 1e-4: per-step ratios are near 1)
+pg    = -A log pi                                           per sample (`reinforce`: on-policy, one update each)
+kl    = mean((mean_new - mean_ref)^2) / (2 std^2)           per sample (Gaussian steps of equal std)
+
+A policy loss returns its per-sample terms [B]; the train stack takes their mean (or a weighted sum when samples
+are left out or a micro-batch trains several denoising steps).
 """
 
 from __future__ import annotations
@@ -14,12 +17,12 @@ import torch
 def ppo_clip_loss(
     logp_new_B: torch.Tensor, logp_old_B: torch.Tensor, advantages_B: torch.Tensor, clip_range: float
 ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
-    """The PPO-clip loss of one trained step and its diagnostics (detached)."""
+    """The PPO-clip loss terms [B] of one trained step and its diagnostics (detached)."""
     log_ratio = logp_new_B.float() - logp_old_B.float()
     ratio = torch.exp(log_ratio)
     unclipped = -advantages_B * ratio
     clipped = -advantages_B * torch.clamp(ratio, 1 - clip_range, 1 + clip_range)
-    loss = torch.maximum(unclipped, clipped).mean()
+    loss = torch.maximum(unclipped, clipped)
     with torch.no_grad():
         metrics = {
             "ratio_mean": ratio.mean(),
@@ -34,13 +37,66 @@ def ppo_clip_loss(
 def policy_gradient_loss(
     logp_new_B: torch.Tensor, logp_old_B: torch.Tensor, advantages_B: torch.Tensor, clip_range: float = 0.0
 ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
-    """REINFORCE with a baseline (DDPO's PG): -A log pi, on-policy; the ratio diagnostics for comparison."""
+    """REINFORCE with a baseline (DDPO's PG): terms -A log pi [B], on-policy; the ratio diagnostics for comparison."""
     _, metrics = ppo_clip_loss(logp_new_B.detach(), logp_old_B, advantages_B, clip_range or 1.0)
-    return -(advantages_B * logp_new_B.float()).mean(), metrics
+    return -(advantages_B * logp_new_B.float()), metrics
 
 
-LOSSES = {"grpo": ppo_clip_loss, "reinforce": policy_gradient_loss}
-MULTI_UPDATE = {"grpo": True, "reinforce": False}
+def _mean_over_elements(x: torch.Tensor) -> torch.Tensor:
+    return x.mean(dim=tuple(range(1, x.ndim)))
+
+
+def ratio_norm_loss(result, logp_old_B, mean_old, advantages_B, clip_range: float):
+    """GRPO-Guard (arXiv 2510.22319, flow_grpo's `rationorm`): with s the step's std and dmu = mean - mean_old,
+        log r = (logp - logp_old + mean(dmu^2) / (2 s^2)) s = mean(eps dmu),  eps = (x_next - mean_old) / s
+    (the -|dmu|^2 / (2 s^2) bias that drags E[log r] below 0 cancels; the scale no longer depends on s), then the
+    PPO-clip terms, each step's divided by |dt| (the gradient reweighting; 1 on DDIM steps, which have no dt)."""
+    std = result.std.float()
+    bias = _mean_over_elements((result.mean - mean_old) ** 2) / (2 * std**2)
+    log_ratio = (result.log_prob.float() - logp_old_B.float() + bias) * std
+    ratio = torch.exp(log_ratio)
+    terms = torch.maximum(-advantages_B * ratio, -advantages_B * torch.clamp(ratio, 1 - clip_range, 1 + clip_range))
+    if result.dt is not None:
+        terms = terms / abs(result.dt)
+    with torch.no_grad():
+        metrics = {
+            "ratio_mean": ratio.mean(), "ratio_min": ratio.min(), "ratio_max": ratio.max(),
+            "clip_fraction": ((ratio - 1).abs() > clip_range).float().mean(), "approx_kl": 0.5 * (log_ratio**2).mean(),
+        }  # fmt: skip
+    return terms, metrics
+
+
+def divergence_mask_loss(result, logp_old_B, mean_old, advantages_B, kl_threshold: float):
+    """FlowDPPO (Tencent-Hunyuan/UniRL): no ratio clipping; the term -A ratio of a (sample, step) is dropped (0,
+    still counted in the mean) when the step's KL to pi_old, mean(dmu^2) / (2 s^2) over latent elements, is at or
+    above `kl_threshold` and the update pushes further the same way (A (ratio - 1) > 0). Corrective moves stay."""
+    ratio = torch.exp(result.log_prob.float() - logp_old_B.float())
+    with torch.no_grad():
+        kl = _mean_over_elements((result.mean.float() - mean_old.float()) ** 2) / (2 * result.std.float() ** 2)
+        drop = (kl >= kl_threshold) & (((ratio > 1) & (advantages_B > 0)) | ((ratio < 1) & (advantages_B < 0)))
+    terms = torch.where(drop, torch.zeros_like(ratio), -advantages_B * ratio)
+    with torch.no_grad():
+        metrics = {
+            "ratio_mean": ratio.mean(), "ratio_min": ratio.min(), "ratio_max": ratio.max(),
+            "masked_fraction": drop.float().mean(), "kl_old_mean": kl.mean(), "kl_old_max": kl.max(),
+            "approx_kl": 0.5 * ((ratio.log()) ** 2).mean(),
+        }  # fmt: skip
+    return terms, metrics
+
+
+def policy_loss(algorithm, result, logp_old_B, mean_old, advantages_B):
+    """The per-sample policy terms [B] of `algorithm.name` for one trained step and its diagnostics."""
+    if algorithm.name == "reinforce":
+        return policy_gradient_loss(result.log_prob, logp_old_B, advantages_B, algorithm.clip_range)
+    if algorithm.name == "grpo_guard":
+        return ratio_norm_loss(result, logp_old_B, mean_old, advantages_B, algorithm.clip_range)
+    if algorithm.name == "flow_dppo":
+        return divergence_mask_loss(result, logp_old_B, mean_old, advantages_B, algorithm.kl_threshold)
+    return ppo_clip_loss(result.log_prob, logp_old_B, advantages_B, algorithm.clip_range)
+
+
+NEEDS_OLD_MEAN = {"grpo_guard", "flow_dppo"}  # losses that read pi_old's step means
+SINGLE_UPDATE = {"reinforce"}  # on-policy: exactly one update per rollout
 
 
 def gaussian_kl(mean_new: torch.Tensor, mean_ref: torch.Tensor, std: torch.Tensor) -> torch.Tensor:

@@ -14,7 +14,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 from typing import Annotated, Literal
 
-from pydantic import Field
+from pydantic import Field, model_validator
 
 from unirl_core.config.ingest import IngestConfig
 from unirl_core.config.precache import PrecacheConfig
@@ -97,6 +97,22 @@ class SamplingConfig(StrictModel):
     seed: Seed = 0
     """Base seed of the initial noise; each sample's noise derives from (seed, step, sample index)."""
 
+    eval_num_inference_steps: Annotated[Count, Field(ge=1)] | None = None
+    """Denoising steps of evaluation images (`eval_prompts`); empty: `num_inference_steps`. Flow-GRPO trains on
+    10-step rollouts and evaluates at 40: set `num_inference_steps: 10, eval_num_inference_steps: 40`."""
+
+    eval_guidance_scale: Annotated[float, Field(ge=0.0)] | None = None
+    """Guidance scale of evaluation images; empty: `guidance_scale`. CFG-free training (Flow-GRPO's speed lever:
+    one branch per forward, half the compute) is `guidance_scale: 1.0` with e.g. `eval_guidance_scale: 4.5`."""
+
+    @property
+    def eval_steps(self) -> int:
+        return self.eval_num_inference_steps or self.num_inference_steps
+
+    @property
+    def eval_guidance(self) -> float:
+        return self.guidance_scale if self.eval_guidance_scale is None else self.eval_guidance_scale
+
 
 class LoraConfig(StrictModel):
     """LoRA through peft on the denoiser (the reference policy is the same model with the adapter disabled)."""
@@ -135,18 +151,122 @@ class ModelConfig(StrictModel):
     `unirl precache prompts FILE --recipe R` fills it ahead of a run. Empty: encode every rollout."""
 
 
-class AlgorithmConfig(StrictModel):
-    """GRPO with PPO-clip on per-step log-probs (Flow-GRPO / DDPO)."""
+class SDEWindowConfig(StrictModel):
+    """An SDE window (Flow-GRPO-Fast, MixGRPO): only `size` consecutive denoising steps are stochastic and trained;
+    every other step is a deterministic ODE step (no log-prob, no training forward). The window's first step is
+    chosen per RL step within [`start`, `end` - `size`]; every sample of a step shares the window."""
 
-    name: Literal["grpo", "reinforce"] = "grpo"
+    size: Annotated[Count, Field(ge=1)] = 2
+    """Denoising steps in the window (Flow-GRPO-Fast: 1 or 2; MixGRPO: 4 of 25)."""
+
+    start: Annotated[Count, Field(ge=0)] = 0
+    """First denoising step a window may cover."""
+
+    end: Annotated[Count, Field(ge=1)] | None = None
+    """Windows end at or before this step (exclusive); empty: the last denoising step."""
+
+    end_fraction: Annotated[float, Field(gt=0, le=1)] | None = None
+    """Instead of `end`: windows end by int(n x end_fraction) of the n denoising steps (FlowDPPO's first half)."""
+
+    mode: Literal["fixed", "random", "sliding", "subset"] = "random"
+    """`fixed`: always [start, start + size). `random` (Flow-GRPO-Fast): the window's first step uniform in its
+    range, drawn per RL step from (sampling.seed, step). `sliding` (MixGRPO): starts at `start` and moves `stride`
+    steps every `shift_every` RL steps, back to `start` after the last position. `subset` (FlowDPPO): `size`
+    distinct steps of the range drawn per RL step, not necessarily adjacent. Every mode is a function of the RL
+    step, so a resumed run continues on the window it had."""
+
+    shift_every: Annotated[Count, Field(ge=1)] = 25
+    """`sliding`: RL steps between moves (MixGRPO's shift interval)."""
+
+    stride: Annotated[Count, Field(ge=1)] = 1
+    """`sliding`: denoising steps moved per shift."""
+
+
+# What each named algorithm sets when the recipe leaves a key out (the paper's or reference code's defaults; every
+# key stays overridable). `sampling.share_group_noise` is set by TrainConfig for the names in SHARED_NOISE.
+PRESETS: dict[str, dict] = {
+    "grpo": {},
+    "reinforce": {},
+    # Flow-GRPO-Fast (yifan123/flow_grpo config/base.py: sde_window_size 2, range (0, num_steps)): SDE and training
+    # on a random 2-step window per RL step, ODE elsewhere
+    "flow_grpo_fast": {"sde_window": {"mode": "random", "size": 2}},
+    # MixGRPO (Tencent-Hunyuan/MixGRPO, FLUX scripts): a 4-step window sliding 1 step every 25 iterations, cycling;
+    # the last steps are never in it; siblings share their initial noise
+    "mixgrpo": {"sde_window": {"mode": "sliding", "size": 4, "shift_every": 25, "stride": 1},
+                "exclude_last_step": True},
+    # DanceGRPO (XueZeyue/DanceGRPO, FLUX): SDE with std eta (0.3) on every step, a random int(0.6 n) of the n - 1
+    # first steps trained per sample; siblings share their initial noise
+    "dancegrpo": {"sde_type": "dance", "eta": 0.3, "timestep_fraction": 0.6, "step_rounding": "floor",
+                  "train_timesteps": "random", "untrained_steps": "sde", "exclude_last_step": True},
+    # GRPO-Guard (arXiv 2510.22319; flow_grpo config/grpo_guard.py): RatioNorm + 1/|dt| step reweighting, clip 2e-6,
+    # Flow-GRPO's full-SDE sampler with int(0.99 n) trained steps
+    "grpo_guard": {"clip_range": 2e-6, "timestep_fraction": 0.99, "step_rounding": "floor", "untrained_steps": "sde"},
+    # FlowDPPO (Tencent-Hunyuan/UniRL FlowDPPO/config.yaml): 3 SDE steps drawn per rollout from the first half,
+    # ODE elsewhere, a KL trust-region mask at 1e-5 instead of clipping, 2 updates per rollout
+    "flow_dppo": {"sde_window": {"mode": "subset", "size": 3, "end_fraction": 0.5}, "num_updates_per_batch": 2},
+}  # fmt: skip
+SHARED_NOISE = {"mixgrpo", "dancegrpo"}
+
+
+class AlgorithmConfig(StrictModel):
+    """The RL algorithm: its loss, which denoising steps are stochastic and trained, and the advantage conventions.
+    A named algorithm fills the keys a recipe leaves out with its paper's defaults (`PRESETS`)."""
+
+    name: Literal["grpo", "reinforce", "flow_grpo_fast", "mixgrpo", "dancegrpo", "grpo_guard", "flow_dppo"] = "grpo"
     """`grpo`: PPO-clip on per-step ratios to pi_old (Flow-GRPO, DDPO's PPO); several updates per rollout are
-    allowed. `reinforce`: the on-policy gradient -A log pi (DDPO's PG), exactly one update per rollout."""
+    allowed. `reinforce`: the on-policy gradient -A log pi (DDPO's PG), exactly one update per rollout.
+    `flow_grpo_fast`: grpo on a random 2-step SDE window, ODE elsewhere. `mixgrpo`: grpo on a sliding 4-step window
+    (moves every 25 RL steps), shared group noise. `dancegrpo`: grpo with DanceGRPO's SDE (eta 0.3) on every step,
+    a random 60% of the steps trained per sample, shared group noise. `grpo_guard`: PPO-clip on RatioNorm-ed ratios,
+    each step's loss divided by |dt| (clip 2e-6). `flow_dppo`: -A ratio masked by a KL trust region
+    (`kl_threshold`) instead of clipping, on 3 random SDE steps of the first half. See `PRESETS`."""
+
+    sde_type: Literal["sde", "cps", "dance"] = "sde"
+    """Flow families' stochastic step: Flow-GRPO's SDE (`sde`, std eta sqrt(sigma / (1 - sigma)) sqrt(|dt|)),
+    Coefficients-Preserving Sampling (`cps`, arXiv 2509.05952: std sigma_next sin(eta pi / 2), the noise level kept
+    exact; flow_grpo's Fast configs use it with eta 0.8), or DanceGRPO's (`dance`, std eta sqrt(|dt|)). DDIM
+    families (sd15, sdxl) take `sde` (their eta sampler) only."""
+
+    exclude_last_step: bool = False
+    """The last denoising step (to sigma 0) is never stochastic or trained (DanceGRPO, MixGRPO; `cps` has no noise
+    there, so with `cps` the last step is always excluded)."""
+
+    @model_validator(mode="before")
+    @classmethod
+    def _fill_preset(cls, data):
+        """The named algorithm's defaults under the recipe's keys (a partial `sde_window` merges into the preset's)."""
+        if not isinstance(data, dict):
+            return data
+        preset = PRESETS.get(data.get("name", "grpo"), {})
+        merged = {**preset, **data}
+        if isinstance(preset.get("sde_window"), dict) and isinstance(data.get("sde_window"), dict):
+            merged["sde_window"] = {**preset["sde_window"], **data["sde_window"]}
+        return merged
+
+    kl_threshold: Annotated[float, Field(gt=0)] = 1e-5
+    """`flow_dppo`: the trust region, on the step KL to pi_old averaged over latent elements (UniRL's 1e-5)."""
 
     eta: Annotated[float, Field(ge=0)] = 0.7
     """Sampler noise level: flow SDE `eta` (sd3) or DDIM `eta` (sd15, 1.0 is DDPO's)."""
 
     timestep_fraction: Annotated[float, Field(gt=0, le=1)] = 1.0
-    """Fraction of the denoising steps (the early, high-noise ones) that are stochastic and trained."""
+    """Fraction of the denoising steps (of the `sde_window` when set) that are trained: the first ones (early,
+    high-noise), or a random subset per sample with `train_timesteps: random`. How many: see `step_rounding`."""
+
+    step_rounding: Literal["round", "floor"] = "round"
+    """Trained steps = round(n x timestep_fraction) (`round`, at least 1) or int(n x timestep_fraction) (`floor`,
+    at least 1: flow_grpo and DDPO). 10 steps x 0.99: 10 with `round`, 9 with `floor`."""
+
+    train_timesteps: Literal["first", "random"] = "first"
+    """Which steps are trained: the `first` ones (Flow-GRPO), or a `random` subset per sample, drawn from
+    (seed, step, sample id) (DDPO, DanceGRPO); `random` runs every candidate step stochastically."""
+
+    untrained_steps: Literal["ode", "sde"] = "ode"
+    """Denoising steps that are not trained (outside an `sde_window`: always `ode`): deterministic (`ode`, eta 0:
+    the sample then depends on the trained steps' noise only) or with the SDE noise too (`sde`: flow_grpo, DDPO)."""
+
+    sde_window: SDEWindowConfig | None = None
+    """Train on a window of SDE steps, ODE elsewhere (Flow-GRPO-Fast, MixGRPO); empty: every step is a candidate."""
 
     clip_range: Annotated[float, Field(gt=0)] = 1e-4
     """PPO clip range epsilon on the per-step ratio."""
@@ -166,7 +286,26 @@ class AlgorithmConfig(StrictModel):
     """`per_prompt`: until a prompt has this many rewards, the batch's mean and std are used."""
 
     beta: Annotated[float, Field(ge=0)] = 0.0
-    """KL weight to the reference policy (0: no KL term)."""
+    """KL weight to the reference policy (0: no KL term). Its strength depends on `kl_form`."""
+
+    kl_form: Literal["step", "flow_grpo"] = "step"
+    """`step`: the exact KL between the Gaussian step policies, |mean - mean_ref|^2 / (2 std^2) with the step's
+    std (std_t sqrt(|dt|)). `flow_grpo`: flow_grpo's form, the squared mean difference over 2 std_t^2 with the
+    SDE's noise scale std_t without the step's sqrt(|dt|), i.e. the exact KL times |dt|: the same `beta`
+    (flow_grpo's 0.04) is 4-100x weaker per step in this form.
+    DDIM families have no dt: both forms are the exact KL there."""
+
+    cfg_gradient: Literal["both", "detach_uncond"] = "both"
+    """Training forwards with CFG on: gradients flow through both branches (`both`: DDPO) or only the conditional
+    one (`detach_uncond`: flow_grpo). The values, and so the ratios, are the same."""
+
+    group_by: Literal["position", "prompt"] = "position"
+    """GRPO groups: the `samples_per_prompt` siblings of one rollout prompt (`position`), or every sample of the
+    step with the same prompt text (`prompt`: flow_grpo; a prompt drawn twice in a step is one group)."""
+
+    drop_zero_advantage: bool = False
+    """Leave samples whose advantage is exactly 0 (e.g. a group with equal rewards) out of the policy loss and its
+    mean (flow_grpo); `false` keeps them (they add nothing to the policy gradient but count in the mean)."""
 
     learning_rate: Annotated[float, Field(gt=0)] = 3e-4
     """AdamW learning rate."""
@@ -520,6 +659,17 @@ class TrainConfig(StrictModel):
     tracking: TrackingConfig = TrackingConfig()
     """MLflow experiment and model registry."""
 
+    @model_validator(mode="before")
+    @classmethod
+    def _shared_noise_preset(cls, data):
+        """MixGRPO and DanceGRPO share the initial noise within a group unless the recipe says otherwise."""
+        algorithm = data.get("algorithm") if isinstance(data, dict) else None
+        if isinstance(algorithm, dict) and algorithm.get("name") in SHARED_NOISE:
+            sampling = data.get("sampling", {})
+            if isinstance(sampling, dict):
+                data = {**data, "sampling": {"share_group_noise": True, **sampling}}
+        return data
+
     def problems(self) -> Iterator[Problem]:
         yield from super().problems()
         if self.algorithm.beta > 0 and self.model.lora is None:
@@ -529,6 +679,20 @@ class TrainConfig(StrictModel):
                 "0 with full fine-tuning (model.lora: null): the KL reference is the model with its LoRA adapter "
                 "disabled, so a KL term needs LoRA",
             )
+        window, steps = self.algorithm.sde_window, self.sampling.num_inference_steps
+        if window is not None:
+            from unirl_core.rollout.plan import window_end
+
+            end = window_end(self.algorithm, steps)
+            if end > steps:
+                yield "algorithm.sde_window.end", window.end, f"at most sampling.num_inference_steps={steps}"
+            elif window.start + window.size > end:
+                yield (
+                    "algorithm.sde_window.size",
+                    window.size,
+                    f"at most end - start = {end} - {window.start} = {end - window.start} (the window must fit "
+                    f"in steps [{window.start}, {end}) of {steps})",
+                )
 
     def distributed_problems(self) -> Iterator[Problem]:
         """Checked by training rounds (not `--local`): the global batch must split over the workers with groups

@@ -35,7 +35,7 @@ import torch
 from unirl_core.models.dtypes import DTYPES
 from unirl_core.models.text_cache import CachedConditioning, Conditioning, PromptEmbeddingCache
 from unirl_core.rollout.noise import Generators, sample_seed
-from unirl_core.rollout.samplers import StepResult
+from unirl_core.rollout.samplers import StepResult, cps_step, flow_sde_step
 
 
 class Family(ABC):
@@ -51,6 +51,7 @@ class Family(ABC):
     sampler: ClassVar[str] = "flow SDE"  # how rollouts sample (shown by `unirl families`)
     guidance: ClassVar[str] = "CFG"  # how `sampling.guidance_scale` is used (shown by `unirl families`)
     cfg_branch: ClassVar[bool] = True  # guidance_scale > 1 runs a negative branch; False: embedded or unused
+    detach_uncond: bool = False  # training: no gradient through the CFG negative branch (see `cfg_halves`)
     text_only_conditioning: ClassVar[bool] = True  # False: a prompt is encoded with its condition image only (no
     # text-only precache or warm-up; e.g. Qwen-Image-Edit's VLM reads the image with the prompt)
 
@@ -194,6 +195,33 @@ class Family(ABC):
         """Denoising step `index` from x (float32 [B, C, h, w]) with noise level `eta`; with `prev_sample`, the
         log-prob of that stored transition. `generator`: one, or one per sample."""
 
+    # flow families' samplers (`algorithm.sde_type`): Flow-GRPO's SDE, CPS, DanceGRPO's constant-std SDE
+    sde_types: ClassVar[tuple[str, ...]] = ("sde", "cps", "dance")
+    sde_type: str = "sde"
+
+    def use_algorithm(self, algorithm) -> None:
+        """Sample and train as `algorithm` says: its sampler (`sde_type`) and CFG gradient (`cfg_gradient`)."""
+        if algorithm.sde_type not in self.sde_types:
+            from unirl_core.errors import UserError
+
+            raise UserError(
+                f"train.algorithm.sde_type: {algorithm.sde_type!r} does not apply to family {self.name!r} "
+                f"({self.sampler}); choose one of {', '.join(self.sde_types)}"
+            )
+        self.sde_type = algorithm.sde_type
+        self.detach_uncond = algorithm.cfg_gradient == "detach_uncond"
+
+    def flow_step(self, velocity, x, index, eta, schedule, prev_sample=None, generator=None) -> StepResult:
+        """A flow family's step `index` from the guided float32 velocity, by `sde_type` (`sigma_max` = the second
+        sigma: Flow-GRPO's std at sigma = 1)."""
+        sigma, sigma_next = schedule[index], schedule[index + 1]
+        if self.sde_type == "cps":
+            return cps_step(velocity, x, sigma, sigma_next, eta, prev_sample=prev_sample, generator=generator)
+        return flow_sde_step(
+            velocity, x, sigma, sigma_next, eta, sigma_max=schedule[1], prev_sample=prev_sample, generator=generator,
+            constant_std=self.sde_type == "dance",
+        )  # fmt: skip
+
     @abstractmethod
     def noised(self, clean: torch.Tensor, noise: torch.Tensor, index: int, schedule) -> torch.Tensor:
         """x at step `index` from a clean latent (image-to-image start)."""
@@ -252,8 +280,14 @@ class Family(ABC):
         """The denoiser's output on [negative, positive] inputs -> the guided float32 prediction."""
         if not self.cfg:
             return output.float()
-        uncond, cond = output.float().chunk(2)
+        uncond, cond = self.cfg_halves(output)
         return uncond + self.guidance_scale * (cond - uncond)
+
+    def cfg_halves(self, output: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """(negative, positive) float32 halves of a CFG output; the negative one detached when training with
+        `algorithm.cfg_gradient: detach_uncond` (the train stack sets `detach_uncond`)."""
+        uncond, cond = output.float().chunk(2)
+        return (uncond.detach() if self.detach_uncond else uncond), cond
 
     # --- warm-up ------------------------------------------------------------------------------------------------
 

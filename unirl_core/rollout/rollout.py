@@ -13,7 +13,7 @@ import torch
 from unirl_core.data.groups import RolloutSample
 from unirl_core.rollout.conditions import ConditionLatents, condition_uri
 from unirl_core.rollout.noise import sample_generators
-from unirl_core.rollout.samplers import stochastic_steps
+from unirl_core.rollout.plan import plan_steps
 
 
 @dataclass
@@ -21,11 +21,17 @@ class Rollout:
     samples: list[RolloutSample]
     cond: dict  # conditioning of every sample (CFG halves when guidance is on)
     schedule: list  # sigmas (flow) or timesteps (DDIM), num_steps + 1 values
-    steps: list[int]  # indices of the trained (stochastic) steps
-    latents_TB: torch.Tensor  # [T, B, C, h, w] float32, x before each trained step
+    steps: list[int]  # indices of the stochastic (SDE) steps, whose transitions are stored
+    latents_TB: torch.Tensor  # [T, B, C, h, w] float32, x before each stochastic step
     next_latents_TB: torch.Tensor  # [T, B, C, h, w] float32, x after it
     logp_TB: torch.Tensor  # [T, B] float32
     images: list  # PIL images
+    trained_BJ: torch.Tensor | None = None  # [B, J] positions in `steps` each sample trains (None: all of them)
+
+    def trained(self) -> torch.Tensor:
+        if self.trained_BJ is None:
+            return torch.arange(len(self.steps)).expand(len(self.samples), -1)
+        return self.trained_BJ
 
 
 def start_step(num_steps: int, strength: float) -> int:
@@ -34,13 +40,17 @@ def start_step(num_steps: int, strength: float) -> int:
 
 
 @torch.no_grad()
-def run_rollout(adapter, samples: list[RolloutSample], sampling, algorithm, seed: int, conditions=None) -> Rollout:
+def run_rollout(
+    adapter, samples: list[RolloutSample], sampling, algorithm, seed: int, conditions=None, step: int = 0
+) -> Rollout:
     """Denoise `samples` from their initial noise; prompts with a condition image start image-to-image at
     `start_step`, or, for an edit family (`condition_mode == "reference"`), carry the image in their conditioning
     (a batch is all text-to-image or all with condition images). `conditions`: a ConditionLatents.
 
     Every draw depends on (seed, sample id) only (the caller passes seed = sampling seed + step): the initial noise,
-    and the SDE steps' noise from one generator per sample, so a sample rolls out the same on any number of ranks."""
+    and the SDE steps' noise from one generator per sample, so a sample rolls out the same on any number of ranks.
+    Which steps are stochastic and trained: `plan_steps` at RL step `step` (SDE windows move with it)."""
+    adapter.use_algorithm(algorithm)
     cond = adapter.encode([s.example.prompt for s in samples])
     shape = adapter.latent_shape(sampling.height, sampling.width)
     noise_ids = [f"prompt:{s.group_id}" if sampling.share_group_noise else s.sample_id for s in samples]
@@ -63,17 +73,20 @@ def run_rollout(adapter, samples: list[RolloutSample], sampling, algorithm, seed
         else:  # image-to-image: denoise the noised image from `start_step`
             start = start_step(sampling.num_inference_steps, sampling.condition_strength)
             x = adapter.noised(clean, x, start, schedule).float()
-    steps = [start + i for i in stochastic_steps(sampling.num_inference_steps - start, algorithm.timestep_fraction)]
+    plan = plan_steps(algorithm, start, sampling.num_inference_steps, step, seed, [s.sample_id for s in samples])
     before, after, logps = [], [], []
     generators = sample_generators(seed, [f"sde:{s.sample_id}" for s in samples], device=x.device)
     for index in range(start, sampling.num_inference_steps):
-        trained = index in steps
-        result = adapter.transition(x, index, algorithm.eta if trained else 0.0, cond, schedule, generator=generators)
-        if trained:
+        stochastic = index in plan.sde
+        result = adapter.transition(
+            x, index, algorithm.eta if stochastic else 0.0, cond, schedule, generator=generators
+        )
+        if stochastic:
             before.append(x)
             after.append(result.sample)
             logps.append(result.log_prob)
         x = result.sample
     return Rollout(
-        samples, cond, schedule, steps, torch.stack(before), torch.stack(after), torch.stack(logps), adapter.decode(x)
-    )
+        samples, cond, schedule, plan.sde, torch.stack(before), torch.stack(after), torch.stack(logps),
+        adapter.decode(x), plan.trained_BJ,
+    )  # fmt: skip

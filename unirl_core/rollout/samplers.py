@@ -33,6 +33,7 @@ class StepResult:
     log_prob: torch.Tensor | None  # [B], None for a deterministic step
     mean: torch.Tensor  # float32 [B, C, H, W]
     std: torch.Tensor  # float32, broadcastable to the sample (a scalar per step)
+    dt: float | None = None  # flow steps: sigma_next - sigma (< 0); None for DDIM
 
 
 def gaussian_log_prob(x: torch.Tensor, mean: torch.Tensor, std: torch.Tensor) -> torch.Tensor:
@@ -42,7 +43,7 @@ def gaussian_log_prob(x: torch.Tensor, mean: torch.Tensor, std: torch.Tensor) ->
     return per_element.mean(dim=tuple(range(1, x.ndim)))
 
 
-def _gaussian_step(mean, std, prev_sample, generator: Generators | None) -> StepResult:
+def _gaussian_step(mean, std, prev_sample, generator: Generators | None, dt: float | None = None) -> StepResult:
     """Draw x_next ~ N(mean, std^2), or take the stored `prev_sample`, and its log-prob. `generator`: one for the
     batch, or one per sample (each sample's noise then depends on its own generator only)."""
     if prev_sample is None:
@@ -52,7 +53,7 @@ def _gaussian_step(mean, std, prev_sample, generator: Generators | None) -> Step
             noise = randn_like_samples(mean.shape, generator).to(mean.device)
         prev_sample = mean + std * noise
     prev_sample = prev_sample.float()
-    return StepResult(prev_sample, gaussian_log_prob(prev_sample, mean, std), mean, std)
+    return StepResult(prev_sample, gaussian_log_prob(prev_sample, mean, std), mean, std, dt)
 
 
 def flow_sde_step(
@@ -64,18 +65,46 @@ def flow_sde_step(
     sigma_max: float | None = None,
     prev_sample: torch.Tensor | None = None,
     generator: Generators | None = None,
+    constant_std: bool = False,
 ) -> StepResult:
-    """One flow-matching SDE step. With `prev_sample`, the log-prob of that stored transition (re-evaluation)."""
+    """One flow-matching SDE step. With `prev_sample`, the log-prob of that stored transition (re-evaluation).
+    `constant_std`: DanceGRPO's SDE, std_t = eta at every sigma (the same mean formula)."""
     v, x = velocity.float(), latents.float()
     dt = sigma_next - sigma
     if eta == 0:
         mean = x + v * dt
-        return StepResult(mean, None, mean, torch.zeros((), device=x.device))
+        return StepResult(mean, None, mean, torch.zeros((), device=x.device), dt)
     denominator = 1 - sigma if sigma < 1 else 1 - (sigma_max if sigma_max is not None and sigma_max < 1 else 1 - 1e-4)
-    std_t = eta * math.sqrt(sigma / max(denominator, 1e-8))
+    std_t = eta if constant_std else eta * math.sqrt(sigma / max(denominator, 1e-8))
     mean = x * (1 + std_t**2 / (2 * sigma) * dt) + v * (1 + std_t**2 * (1 - sigma) / (2 * sigma)) * dt
     std = torch.tensor(std_t * math.sqrt(-dt), device=x.device, dtype=torch.float32)
-    return _gaussian_step(mean, std, prev_sample, generator)
+    return _gaussian_step(mean, std, prev_sample, generator, dt)
+
+
+def cps_step(
+    velocity: torch.Tensor,
+    latents: torch.Tensor,
+    sigma: float,
+    sigma_next: float,
+    eta: float,
+    prev_sample: torch.Tensor | None = None,
+    generator: Generators | None = None,
+) -> StepResult:
+    """Coefficients-Preserving Sampling (arXiv 2509.05952; flow_grpo's `sde_type="cps"`): from the predicted
+    x0 = x - sigma v and x1 = x + (1 - sigma) v,
+        std  = sigma_next sin(eta pi / 2)
+        mean = (1 - sigma_next) x0 + sqrt(sigma_next^2 - std^2) x1
+    so the sample keeps the noise level sigma_next exactly. eta 0 is the Euler step. The log-prob is the Gaussian
+    one (flow_grpo drops its 1/(2 std^2) and constants: its ratio is ours to the power 2 std^2). The last step
+    (sigma_next = 0) has std 0: deterministic, never a trained step."""
+    v, x = velocity.float(), latents.float()
+    std_value = sigma_next * math.sin(eta * math.pi / 2)
+    x0, x1 = x - sigma * v, x + (1 - sigma) * v
+    mean = (1 - sigma_next) * x0 + math.sqrt(max(sigma_next**2 - std_value**2, 0.0)) * x1
+    std = torch.tensor(std_value, device=x.device, dtype=torch.float32)
+    if std_value == 0:
+        return StepResult(mean, None, mean, std, sigma_next - sigma)
+    return _gaussian_step(mean, std, prev_sample, generator, sigma_next - sigma)
 
 
 def ddim_step(
@@ -98,18 +127,3 @@ def ddim_step(
     if eta == 0 or std_value == 0:
         return StepResult(mean, None, mean, std)
     return _gaussian_step(mean, std, prev_sample, generator)
-
-
-def stochastic_steps(
-    num_steps: int, timestep_fraction: float = 1.0, window: tuple[int, int] | None = None
-) -> list[int]:
-    """Indices of the steps that are stochastic (and trained): an explicit window [start, end), or the first
-    `timestep_fraction` of the steps (the early, high-noise ones)."""
-    if window is not None:
-        start, end = window
-        if not 0 <= start < end <= num_steps:
-            raise ValueError(f"SDE window {window} must satisfy 0 <= start < end <= num_steps={num_steps}")
-        return list(range(start, end))
-    if not 0 < timestep_fraction <= 1:
-        raise ValueError(f"timestep_fraction={timestep_fraction} must be in (0, 1]")
-    return list(range(max(1, round(num_steps * timestep_fraction))))

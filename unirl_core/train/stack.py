@@ -11,7 +11,7 @@ import math
 
 import torch
 
-from unirl_core.algorithms.losses import LOSSES, MULTI_UPDATE, gaussian_kl
+from unirl_core.algorithms.losses import NEEDS_OLD_MEAN, SINGLE_UPDATE, gaussian_kl, policy_loss
 from unirl_core.errors import UserError
 
 
@@ -49,13 +49,13 @@ class TrainStack:
     """`total_updates`: optimizer steps of the whole run (RL steps x num_updates_per_batch), for the LR schedule."""
 
     def __init__(self, adapter, algorithm, total_updates: int = 1):
-        if not MULTI_UPDATE[algorithm.name] and algorithm.num_updates_per_batch > 1:
+        if algorithm.name in SINGLE_UPDATE and algorithm.num_updates_per_batch > 1:
             raise ValueError(
                 f"algorithm {algorithm.name!r} cannot take num_updates_per_batch={algorithm.num_updates_per_batch} "
                 "updates per rollout (it has no importance ratio); set it to 1 or use grpo"
             )
         self.adapter, self.algorithm = adapter, algorithm
-        self.loss = LOSSES[algorithm.name]
+        adapter.use_algorithm(algorithm)
         self.optimizer = adamw(adapter.parameters(), algorithm.learning_rate)
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(
             self.optimizer,
@@ -77,43 +77,81 @@ class TrainStack:
             prev_sample=rollout.next_latents_TB[t, index],
         )  # fmt: skip
 
+    @staticmethod
+    def _slots(trained_BJ: torch.Tensor, micro: torch.Tensor) -> list[list[tuple[int, torch.Tensor]]]:
+        """Per trained slot j: the micro-batch's samples grouped by the stored step they train there, as
+        [(position in rollout.steps, sample indices)]; one group per slot when every sample trains the same steps."""
+        slots = []
+        for column in trained_BJ[micro].T:
+            slots.append([(int(t), micro[column == t]) for t in column.unique().tolist()])
+        return slots
+
     @torch.no_grad()
-    def prepare(self, rollout) -> torch.Tensor:
-        """pi_old's log-probs [T, B], recomputed at the training geometry."""
-        logp_old = torch.empty_like(rollout.logp_TB)
+    def prepare(self, rollout) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """pi_old's log-probs [T, B] of the trained transitions, recomputed at the training geometry, and its step
+        means [T, B, ...] when the loss reads them (else None)."""
+        logp_old = torch.full_like(rollout.logp_TB, float("nan"))
+        means = torch.empty_like(rollout.next_latents_TB) if self.algorithm.name in NEEDS_OLD_MEAN else None
+        trained = rollout.trained()
         for mini in self._mini_batches(rollout.logp_TB.shape[1]):
             for micro in self._micro_batches(mini):
-                cond = self.adapter.select(rollout.cond, micro)
-                for t in range(len(rollout.steps)):
-                    logp_old[t, micro] = self._transition(rollout, t, micro, cond).log_prob
-        return logp_old
+                for slot in self._slots(trained, micro):
+                    for t, index in slot:
+                        cond = self.adapter.select(rollout.cond, index)
+                        result = self._transition(rollout, t, index, cond)
+                        logp_old[t, index] = result.log_prob
+                        if means is not None:
+                            means[t, index] = result.mean
+        return logp_old, means
+
+    def _weights(self, advantages_B: torch.Tensor, micro: torch.Tensor, grouped: bool) -> torch.Tensor | None:
+        """Per-sample weights summing the micro-batch's terms to its mean (over kept samples with
+        `drop_zero_advantage`); None: a plain mean (one group, nothing dropped)."""
+        if not self.algorithm.drop_zero_advantage:
+            return torch.full_like(advantages_B, 1.0 / len(micro)) if grouped else None
+        kept = (advantages_B != 0).float()
+        return kept / kept[micro].sum().clamp(min=1.0)
+
+    def _kl(self, rollout, t, index, cond, result) -> torch.Tensor:
+        """The per-sample KL [b] of the step to the reference policy (`kl_form`)."""
+        with torch.no_grad(), self.adapter.reference():
+            reference = self._transition(rollout, t, index, cond)
+        kl = gaussian_kl(result.mean, reference.mean, result.std)
+        if self.algorithm.kl_form == "flow_grpo" and result.dt is not None:
+            kl = kl * abs(result.dt)  # flow_grpo divides by std_t^2, not (std_t^2 |dt|)
+        return kl
 
     def train(self, rollout, advantages_B: torch.Tensor, step: int) -> dict[str, float]:
         """`advantages_B`: float32 [B], on any device (moved to the log-probs' device: they meet in the loss)."""
-        logp_old = self.prepare(rollout)
+        logp_old, means_old = self.prepare(rollout)
         advantages_B = advantages_B.to(logp_old.device, torch.float32)
+        trained = rollout.trained()
         metrics: dict[str, list[float]] = {}
         for mini in self._mini_batches(advantages_B.shape[0]):
             self.optimizer.zero_grad(set_to_none=True)
             micro_batches = self._micro_batches(mini)
             for micro in micro_batches:
-                cond = self.adapter.select(rollout.cond, micro)
-                for t in range(len(rollout.steps)):
-                    result = self._transition(rollout, t, micro, cond)
-                    loss, info = self.loss(
-                        result.log_prob, logp_old[t, micro], advantages_B[micro], self.algorithm.clip_range
-                    )
-                    if self.algorithm.beta > 0:
-                        with torch.no_grad(), self.adapter.reference():
-                            reference = self._transition(rollout, t, micro, cond)
-                        kl = gaussian_kl(result.mean, reference.mean, result.std).mean()
-                        loss = loss + self.algorithm.beta * kl
-                        info["kl"] = kl.detach()
-                    self._check_finite(loss, step, rollout, micro)
-                    (loss / (len(rollout.steps) * len(micro_batches))).backward()
-                    for key, value in info.items():
-                        metrics.setdefault(key, []).append(value.item())
-                    metrics.setdefault("loss", []).append(loss.item())
+                slots = self._slots(trained, micro)
+                weights = self._weights(advantages_B, micro, any(len(slot) > 1 for slot in slots))
+                for slot in slots:
+                    for t, index in slot:
+                        cond = self.adapter.select(rollout.cond, index)
+                        result = self._transition(rollout, t, index, cond)
+                        mean_old = None if means_old is None else means_old[t, index]
+                        terms, info = policy_loss(
+                            self.algorithm, result, logp_old[t, index], mean_old, advantages_B[index]
+                        )
+                        loss = terms.mean() if weights is None else (terms * weights[index]).sum()
+                        if self.algorithm.beta > 0:
+                            kl = self._kl(rollout, t, index, cond, result)
+                            kl = kl.mean() if weights is None else (kl * weights[index]).sum()
+                            loss = loss + self.algorithm.beta * kl
+                            info["kl"] = kl.detach()
+                        self._check_finite(loss, step, rollout, index)
+                        (loss / (len(slots) * len(micro_batches))).backward()
+                        for key, value in info.items():
+                            metrics.setdefault(key, []).append(value.item())
+                        metrics.setdefault("loss", []).append(loss.item())
             grad_norm = clip_gradients(self.adapter.parameters(), self.algorithm.max_grad_norm)
             if not torch.isfinite(grad_norm):
                 self.optimizer.zero_grad(set_to_none=True)

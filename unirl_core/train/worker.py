@@ -73,7 +73,7 @@ class TrainWorker(TorchWorker):
         config = self.config
         started = time.perf_counter()
         seed = config.sampling.seed + step
-        self._rollout = run_rollout(self.adapter, samples, config.sampling, config.algorithm, seed=seed)
+        self._rollout = run_rollout(self.adapter, samples, config.sampling, config.algorithm, seed=seed, step=step)
         rolled = time.perf_counter()
         scores = self.rewards.score(
             self._rollout.images, [s.example.prompt for s in samples], [s.sample_id for s in samples]
@@ -132,20 +132,24 @@ class TrainWorker(TorchWorker):
     @torch.no_grad()
     def evaluate(self, share: tuple[list[str], int], seed: int) -> list:
         """Deterministic samples (eta 0) of this rank's (prompts, index of the first), noise fixed per prompt
-        index; EMA weights when kept."""
+        index, at the evaluation steps and guidance (`sampling.eval_*`); EMA weights when kept."""
         import contextlib
 
         prompts, first_index = share
-        sampling = self.config.sampling
+        sampling, adapter = self.config.sampling, self.adapter
         ids = [f"eval:{first_index + i}" for i in range(len(prompts))]
-        with self.ema.applied() if self.ema else contextlib.nullcontext():
-            cond = self.adapter.encode(prompts)
-            shape = self.adapter.latent_shape(sampling.height, sampling.width)
-            x = self.adapter.initial_noise(ids, seed, shape).float()
-            schedule = self.adapter.schedule(sampling.num_inference_steps, shape)
-            for index in range(sampling.num_inference_steps):
-                x = self.adapter.transition(x, index, 0.0, cond, schedule).sample
-            return self.adapter.decode(x)
+        rollout_guidance, adapter.guidance_scale = adapter.guidance_scale, sampling.eval_guidance
+        try:
+            with self.ema.applied() if self.ema else contextlib.nullcontext():
+                cond = adapter.encode(prompts)
+                shape = adapter.latent_shape(sampling.height, sampling.width)
+                x = adapter.initial_noise(ids, seed, shape).float()
+                schedule = adapter.schedule(sampling.eval_steps, shape)
+                for index in range(sampling.eval_steps):
+                    x = adapter.transition(x, index, 0.0, cond, schedule).sample
+                return adapter.decode(x)
+        finally:
+            adapter.guidance_scale = rollout_guidance
 
     # --- checkpoints ------------------------------------------------------------------------------------------
 

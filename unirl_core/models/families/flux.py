@@ -31,7 +31,7 @@ import torch
 from unirl_core.algorithms.losses import flow_matching_loss
 from unirl_core.models.family import Family, PooledConditioning
 from unirl_core.rollout.noise import Generators, per_sample, randn
-from unirl_core.rollout.samplers import StepResult, flow_sde_step
+from unirl_core.rollout.samplers import StepResult
 
 # Flow-GRPO's FLUX LoRA (scripts/train_flux.py, r=64, alpha=128): the joint blocks' image and text attention
 # projections and both feed-forwards; "attn.to_q/k/v" also match the single blocks' attention
@@ -177,13 +177,11 @@ class FluxFamily(PooledConditioning, Family):
         return unpack(output[:, : (h // 2) * (w // 2)].float(), h, w)
 
     def transition(self, x, index, eta, cond, schedule, prev_sample=None, generator=None) -> StepResult:
-        sigma, sigma_next = schedule[index], schedule[index + 1]
+        sigma = schedule[index]
         # the pipeline's float32 timestep t = 1000 sigma, divided by 1000 again on the way in
         timestep = torch.full((x.shape[0],), sigma, dtype=torch.float32) * 1000.0
         velocity = self.velocity(x.float(), timestep.to(self.dtype) / 1000.0, cond)
-        return flow_sde_step(
-            velocity, x, sigma, sigma_next, eta, sigma_max=schedule[1], prev_sample=prev_sample, generator=generator
-        )
+        return self.flow_step(velocity, x, index, eta, schedule, prev_sample=prev_sample, generator=generator)
 
     # --- warm-up ------------------------------------------------------------------------------------------------
 

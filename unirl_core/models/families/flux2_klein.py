@@ -32,7 +32,7 @@ import torch
 from unirl_core.algorithms.losses import flow_matching_loss
 from unirl_core.models.family import Family
 from unirl_core.rollout.noise import Generators, per_sample, randn
-from unirl_core.rollout.samplers import StepResult, flow_sde_step
+from unirl_core.rollout.samplers import StepResult
 
 logger = logging.getLogger(__name__)
 
@@ -175,13 +175,13 @@ class Flux2KleinFamily(Family):
         return unpack(output[:, : h * w].float(), h, w)
 
     def transition(self, x, index, eta, cond, schedule, prev_sample=None, generator=None) -> StepResult:
-        sigma, sigma_next = schedule[index], schedule[index + 1]
+        sigma = schedule[index]
         inputs = torch.cat([x, x]) if self.cfg else x
         # the pipeline's timestep: t = 1000 sigma (float32), passed as t / 1000
         timestep = torch.full((inputs.shape[0],), sigma * 1000.0, device=self.device) / 1000
         velocity = self.velocity(inputs, timestep, cond)
-        return flow_sde_step(
-            self.guided(velocity), x, sigma, sigma_next, eta, sigma_max=schedule[1], prev_sample=prev_sample,
+        return self.flow_step(
+            self.guided(velocity), x, index, eta, schedule, prev_sample=prev_sample,
             generator=generator,
         )  # fmt: skip
 

@@ -31,7 +31,7 @@ from unirl_core.algorithms.losses import flow_matching_loss
 from unirl_core.models.families.flux import pack, unpack  # the same 2x2 packing (`_pack_latents`)
 from unirl_core.models.family import Family
 from unirl_core.rollout.noise import Generators, per_sample, randn
-from unirl_core.rollout.samplers import StepResult, flow_sde_step
+from unirl_core.rollout.samplers import StepResult
 
 # Qwen/Qwen-Image's transformer/config.json: diffusers' QwenImageTransformer2DModel defaults are that config
 # (60 dual-stream blocks, 24 heads x 128, text width 3584 = Qwen2.5-VL-7B, RoPE axes 16/56/56); Qwen-Image-Edit
@@ -42,10 +42,9 @@ QWEN_IMAGE_TRANSFORMER = {
 }  # fmt: skip
 
 
-def true_cfg(output: torch.Tensor, scale: float) -> torch.Tensor:
-    """Qwen-Image's guidance on [negative, positive] packed outputs [2B, N, D], float32:
+def true_cfg(negative: torch.Tensor, positive: torch.Tensor, scale: float) -> torch.Tensor:
+    """Qwen-Image's guidance on the negative and positive packed float32 outputs [B, N, D]:
     g = neg + s (pos - neg), then g |pos| / |g| with norms over each token's D (the pipeline's rescale)."""
-    negative, positive = output.float().chunk(2)
     combined = negative + scale * (positive - negative)
     return combined * (torch.norm(positive, dim=-1, keepdim=True) / torch.norm(combined, dim=-1, keepdim=True))
 
@@ -176,19 +175,17 @@ class QwenImageFamily(Family):
         return output[:, : (h // 2) * (w // 2)]
 
     def transition(self, x, index, eta, cond, schedule, prev_sample=None, generator=None) -> StepResult:
-        sigma, sigma_next = schedule[index], schedule[index + 1]
+        sigma = schedule[index]
         inputs = torch.cat([x, x]) if self.cfg else x
         sigma_B = torch.full((inputs.shape[0],), sigma, dtype=torch.float32, device=self.device)
         velocity = unpack(self.guided(self.velocity(inputs, sigma_B, cond)), *x.shape[-2:])
-        return flow_sde_step(
-            velocity, x, sigma, sigma_next, eta, sigma_max=schedule[1], prev_sample=prev_sample, generator=generator
-        )
+        return self.flow_step(velocity, x, index, eta, schedule, prev_sample=prev_sample, generator=generator)
 
     # --- classifier-free guidance -------------------------------------------------------------------------------
 
     def guided(self, output: torch.Tensor) -> torch.Tensor:
         """Packed outputs [(2)B, N, 4C] -> float32: true CFG with the norm rescale (`true_cfg`)."""
-        return true_cfg(output, self.guidance_scale) if self.cfg else output.float()
+        return true_cfg(*self.cfg_halves(output), self.guidance_scale) if self.cfg else output.float()
 
     # --- VAE ----------------------------------------------------------------------------------------------------
 

@@ -15,6 +15,7 @@ class SD15Family(Family):
     latent_stride = 8  # VAE 8
     text_only_skip = ("unet", "vae", "safety_checker", "feature_extractor")
     sampler = "DDIM + eta"
+    sde_types = ("sde",)  # `sde` is the DDIM eta sampler here
 
     @classmethod
     def build_tiny(cls):

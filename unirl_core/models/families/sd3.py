@@ -11,7 +11,7 @@ import torch
 from unirl_core.algorithms.losses import flow_matching_loss
 from unirl_core.models.family import Family, PooledConditioning
 from unirl_core.rollout.noise import Generators, per_sample, randn
-from unirl_core.rollout.samplers import StepResult, flow_sde_step
+from unirl_core.rollout.samplers import StepResult
 
 
 @lru_cache(maxsize=16)
@@ -55,15 +55,15 @@ class SD3Family(PooledConditioning, Family):
         return (1 - sigma) * clean + sigma * noise
 
     def transition(self, x, index, eta, cond, schedule, prev_sample=None, generator=None) -> StepResult:
-        sigma, sigma_next = schedule[index], schedule[index + 1]
+        sigma = schedule[index]
         inputs = torch.cat([x, x]) if self.cfg else x
         timestep = torch.full((inputs.shape[0],), sigma * 1000.0, device=self.device)
         velocity = self.trainable(
             hidden_states=inputs.to(self.dtype), timestep=timestep, encoder_hidden_states=cond["embeds"],
             pooled_projections=cond["pooled"], return_dict=False,
         )[0]  # fmt: skip
-        return flow_sde_step(
-            self.guided(velocity), x, sigma, sigma_next, eta, sigma_max=schedule[1], prev_sample=prev_sample,
+        return self.flow_step(
+            self.guided(velocity), x, index, eta, schedule, prev_sample=prev_sample,
             generator=generator,
         )  # fmt: skip
 

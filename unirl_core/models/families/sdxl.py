@@ -72,6 +72,7 @@ class SDXLFamily(PooledConditioning, Family):
     latent_stride = 8  # VAE 8 (the tiny VAE's 2 is read from the pipeline's vae_scale_factor in latent_shape)
     text_only_skip = ("unet", "vae", "image_encoder", "feature_extractor")
     sampler = "DDIM + eta"
+    sde_types = ("sde",)  # `sde` is the DDIM eta sampler here
     # diffusers' examples/dreambooth/train_dreambooth_lora_sdxl.py (the UNet's attention projections)
     lora_targets: ClassVar[tuple[str, ...]] = ("to_k", "to_q", "to_v", "to_out.0")
     denoiser_configs: ClassVar[dict[str, dict]] = {"sdxl-base-1.0": SDXL_BASE_UNET}

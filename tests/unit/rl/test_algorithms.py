@@ -1,0 +1,254 @@
+"""The named algorithms' math against hand-derived cases and the reference code's own numbers, and the step plan
+(which denoising steps are stochastic and trained) for each convention.
+
+Reference numbers: flow_grpo (yifan123/flow_grpo @54809b5 sd3_sde_with_logprob.py, zhtmike/flow_grpo @2e2f712
+train_sd3_GRPO_Guard.py), computed in float64 from their equations at SD3's 10-step schedule, step 4
+(sigma 0.79037 -> 0.70728, inputs rounded to 5 digits: rtol 1e-4); UniRL (Tencent-Hunyuan/UniRL @0c97cfb
+unirl/algorithms/flowdppo.py) for the divergence mask.
+"""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from unirl_core.algorithms.advantages import compute_advantages
+from unirl_core.algorithms.losses import divergence_mask_loss, gaussian_kl, ppo_clip_loss, ratio_norm_loss
+from unirl_core.config import RecipeError, recipe_from_tree
+from unirl_core.config.schema import AlgorithmConfig, TrainConfig
+from unirl_core.rollout.plan import plan_steps
+from unirl_core.rollout.samplers import cps_step, flow_sde_step
+
+SIGMA, SIGMA_NEXT, SIGMA_MAX = 0.79037, 0.70728, 0.96013
+X = torch.tensor([[0.5, -1.0], [0.1, 0.2]], dtype=torch.float64)
+V_OLD = torch.tensor([[0.2, 0.4], [-0.3, 0.1]], dtype=torch.float64)
+V_NEW = V_OLD + torch.tensor([[0.01, -0.02], [0.0, 0.03]], dtype=torch.float64)
+NOISE = torch.tensor([[0.3, -0.6], [1.0, -0.5]], dtype=torch.float64)
+A = torch.tensor([1.2, -0.7], dtype=torch.float64)
+
+
+def transitions(step=flow_sde_step, **kwargs):
+    """pi_old's step with its drawn x_next (from NOISE), and both policies' re-evaluations of that transition."""
+    old = step(V_OLD, X, SIGMA, SIGMA_NEXT, 0.7 if step is flow_sde_step else 0.8, **kwargs)
+    x_next = (old.mean + old.std * NOISE).double()
+    eta = 0.7 if step is flow_sde_step else 0.8
+    old = step(V_OLD, X, SIGMA, SIGMA_NEXT, eta, prev_sample=x_next, **kwargs)
+    new = step(V_NEW, X, SIGMA, SIGMA_NEXT, eta, prev_sample=x_next, **kwargs)
+    return old, new, x_next
+
+
+def algorithm(**keys) -> AlgorithmConfig:
+    return AlgorithmConfig.model_validate(keys)
+
+
+# --- the step plan ------------------------------------------------------------------------------------------------
+
+
+def test_default_plan_is_the_first_fraction_of_the_steps_stochastic_and_trained():
+    plan = plan_steps(algorithm(timestep_fraction=0.5), 0, 10, step=0, seed=0, sample_ids=["a", "b"])
+    assert plan.sde == [0, 1, 2, 3, 4] and plan.trained_BJ.tolist() == [[0, 1, 2, 3, 4]] * 2
+
+
+def test_trained_step_count_rounds_or_floors_as_the_references_do():
+    """10 steps x 0.99: 10 trained with round (ours), 9 with int (flow_grpo, DDPO)."""
+    assert len(plan_steps(algorithm(timestep_fraction=0.99), 0, 10, 0, 0, ["a"]).sde) == 10
+    floored = plan_steps(algorithm(timestep_fraction=0.99, step_rounding="floor"), 0, 10, 0, 0, ["a"])
+    assert floored.sde == list(range(9))
+
+
+def test_untrained_steps_sde_samples_every_step_and_trains_the_first():
+    """flow_grpo: every step is SDE (the last included), the first int(0.99 n) are trained."""
+    plan = plan_steps(
+        algorithm(timestep_fraction=0.99, step_rounding="floor", untrained_steps="sde"), 0, 10, 0, 0, ["a"]
+    )
+    assert plan.sde == list(range(10)) and plan.trained_BJ.tolist() == [list(range(9))]
+
+
+def test_random_timesteps_are_a_subset_per_sample_independent_of_the_batch():
+    """DDPO / DanceGRPO: each sample trains its own int(0.6 x 9) = 5 of the first 9 steps (the last excluded),
+    drawn from (seed, sample id): the same whatever else is in the batch."""
+    config = algorithm(name="dancegrpo")
+    plan = plan_steps(config, 0, 10, step=3, seed=7, sample_ids=["s0", "s1", "s2", "s3"])
+    assert plan.sde == list(range(9)) and plan.trained_BJ.shape == (4, 5)
+    assert all(len(set(row)) == 5 and max(row) < 9 for row in plan.trained_BJ.tolist())
+    assert len({tuple(row) for row in plan.trained_BJ.tolist()}) > 1  # samples differ
+    alone = plan_steps(config, 0, 10, step=3, seed=7, sample_ids=["s2"])
+    assert alone.trained_BJ.tolist() == plan.trained_BJ[2:3].tolist()
+
+
+def test_sliding_window_moves_every_shift_and_cycles():
+    """MixGRPO's schedule: windows of 2 over 6 candidate steps (the last excluded -> starts 0..3), moving 1 step
+    every 2 RL steps and back to the start."""
+    config = algorithm(name="mixgrpo", sde_window={"size": 2, "shift_every": 2})
+    starts = [plan_steps(config, 0, 7, step, 0, ["a"]).sde[0] for step in range(12)]
+    assert starts == [0, 0, 1, 1, 2, 2, 3, 3, 4, 4, 0, 0]
+    plan = plan_steps(config, 0, 7, 5, 0, ["a"])
+    assert plan.sde == [2, 3] and plan.trained_BJ.tolist() == [[0, 1]]
+
+
+def test_random_window_is_a_function_of_the_rl_step():
+    """Flow-GRPO-Fast: a 2-step window whose start is uniform in [0, n - 2], drawn from (seed, step), so a
+    resumed run draws the uninterrupted run's windows; ODE elsewhere."""
+    config = algorithm(name="flow_grpo_fast")
+    starts = [plan_steps(config, 0, 10, step, 5, ["a"]).sde[0] for step in range(40)]
+    assert set(starts) == set(range(9))
+    assert starts == [plan_steps(config, 0, 10, step, 5, ["b"]).sde[0] for step in range(40)]
+
+
+def test_subset_window_draws_distinct_steps_of_the_first_half():
+    """FlowDPPO: 3 distinct steps of int(10 x 0.5) = the first 5, per RL step."""
+    config = algorithm(name="flow_dppo")
+    plans = [plan_steps(config, 0, 10, step, 0, ["a"]).sde for step in range(30)]
+    assert all(len(set(p)) == 3 and p == sorted(p) and max(p) < 5 for p in plans)
+    assert len({tuple(p) for p in plans}) > 3
+
+
+def test_cps_never_trains_the_last_step():
+    plan = plan_steps(algorithm(sde_type="cps", untrained_steps="sde"), 0, 10, 0, 0, ["a"])
+    assert plan.sde == list(range(9))
+
+
+def test_an_image_to_image_rollout_plans_from_its_first_step():
+    plan = plan_steps(algorithm(timestep_fraction=0.5), 4, 10, 0, 0, ["a"])
+    assert plan.sde == [4, 5, 6]
+
+
+# --- presets and validation ---------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("name", "expected"),
+    [
+        ("flow_grpo_fast", {"sde_window.mode": "random", "sde_window.size": 2}),
+        ("mixgrpo", {"sde_window.mode": "sliding", "sde_window.size": 4, "sde_window.shift_every": 25}),
+        ("dancegrpo", {"sde_type": "dance", "eta": 0.3, "train_timesteps": "random", "timestep_fraction": 0.6}),
+        ("grpo_guard", {"clip_range": 2e-6, "step_rounding": "floor", "untrained_steps": "sde"}),
+        ("flow_dppo", {"sde_window.mode": "subset", "kl_threshold": 1e-5, "num_updates_per_batch": 2}),
+    ],
+)
+def test_a_named_algorithm_fills_its_papers_defaults(name, expected):
+    config = algorithm(name=name)
+    for dotted, value in expected.items():
+        node = config
+        for part in dotted.split("."):
+            node = getattr(node, part)
+        assert node == value, dotted
+
+
+def test_recipe_keys_win_over_a_preset_and_groups_share_noise_unless_told():
+    config = TrainConfig.model_validate({"algorithm": {"name": "mixgrpo", "sde_window": {"size": 2}, "eta": 0.5}})
+    assert config.algorithm.sde_window.size == 2 and config.algorithm.sde_window.mode == "sliding"
+    assert config.algorithm.eta == 0.5 and config.sampling.share_group_noise
+    mine = TrainConfig.model_validate({"algorithm": {"name": "dancegrpo"}, "sampling": {"share_group_noise": False}})
+    assert not mine.sampling.share_group_noise
+    assert not TrainConfig.model_validate({"algorithm": {"name": "grpo"}}).sampling.share_group_noise
+
+
+def test_a_window_that_does_not_fit_is_refused_with_the_arithmetic():
+    expected = r"sde_window.size: got 4; at most end - start = 3 - 0 = 3 \(the window must fit in steps \[0, 3\) of 4"
+    with pytest.raises(RecipeError, match=expected):
+        recipe_from_tree({"train": {"sampling": {"num_inference_steps": 4}, "algorithm": {"name": "mixgrpo"}}})
+
+
+# --- samplers -----------------------------------------------------------------------------------------------------
+
+
+def test_cps_preserves_the_noise_level_and_its_eta_zero_is_euler():
+    """With the exact velocity v = noise - x0 at x = (1 - s) x0 + s noise, the CPS mean keeps (1 - s') of x0 and
+    sqrt(s'^2 - std^2) of the noise, so with the fresh noise the sample's noise variance is exactly s'^2."""
+    x0, noise = torch.randn(3, 4, dtype=torch.float64), torch.randn(3, 4, dtype=torch.float64)
+    x = (1 - SIGMA) * x0 + SIGMA * noise
+    result = cps_step(noise - x0, x, SIGMA, SIGMA_NEXT, 0.8)
+    std = SIGMA_NEXT * math.sin(0.8 * math.pi / 2)
+    assert math.isclose(result.std.item(), std, rel_tol=1e-6)
+    kept = math.sqrt(SIGMA_NEXT**2 - std**2)
+    assert torch.allclose(result.mean.double(), (1 - SIGMA_NEXT) * x0 + kept * noise, atol=1e-6)
+    assert math.isclose(kept**2 + std**2, SIGMA_NEXT**2, rel_tol=1e-9)
+    euler = cps_step(V_OLD, X, SIGMA, SIGMA_NEXT, 0.0)
+    assert euler.log_prob is None and torch.allclose(euler.mean.double(), X + V_OLD * (SIGMA_NEXT - SIGMA))
+
+
+def test_cps_matches_flow_grpos_mean_and_std():
+    old, _, _ = transitions(cps_step)
+    assert math.isclose(old.std.item(), 0.67266325285, rel_tol=1e-4)
+    expected = torch.tensor([[0.21853275973, -0.58549756011], [0.10679016922, 0.08370230287]], dtype=torch.float64)
+    assert torch.allclose(old.mean.double(), expected, rtol=1e-4)
+
+
+def test_dance_sde_has_std_eta_sqrt_dt():
+    result = flow_sde_step(V_OLD, X, SIGMA, SIGMA_NEXT, 0.3, constant_std=True)
+    assert math.isclose(result.std.item(), 0.3 * math.sqrt(SIGMA - SIGMA_NEXT), rel_tol=1e-6)
+    dt = SIGMA_NEXT - SIGMA  # DanceGRPO: x + dt [v + eta^2 / (2 sigma) (x + (1 - sigma) v)]
+    expected = X + dt * (V_OLD + 0.3**2 / (2 * SIGMA) * (X + (1 - SIGMA) * V_OLD))
+    assert torch.allclose(result.mean.double(), expected, atol=1e-7)
+
+
+# --- losses -------------------------------------------------------------------------------------------------------
+
+
+def test_grpo_loss_and_kl_forms_match_flow_grpos_numbers():
+    old, new, _ = transitions(sigma_max=SIGMA_MAX)
+    assert math.isclose(old.std.item(), 0.3917968374, rel_tol=1e-4)
+    terms, _ = ppo_clip_loss(new.log_prob, old.log_prob, A, 1e-4)
+    assert math.isclose(terms.mean().item(), -0.24811954089, rel_tol=1e-4)
+    exact = gaussian_kl(new.mean, old.mean, new.std)
+    flow_grpo = exact * abs(new.dt)  # `kl_form: flow_grpo`
+    assert torch.allclose(flow_grpo.double(), torch.tensor([7.2405764e-07, 1.30330375e-06]).double(), rtol=1e-3)
+    std_dev_t = 0.7 * math.sqrt(SIGMA / (1 - SIGMA))  # flow_grpo divides by 2 std_dev_t^2: no sqrt(|dt|)
+    by_hand = ((new.mean - old.mean) ** 2).mean(dim=1) / (2 * std_dev_t**2)
+    assert torch.allclose(flow_grpo.double(), by_hand.double(), rtol=1e-5)
+
+
+def test_ratio_norm_is_the_noise_projection_of_the_mean_shift_and_reweights_by_dt():
+    """GRPO-Guard: log r = mean(eps (mu - mu_old)), eps = (x_next - mu_old) / s; the loss divided by |dt|."""
+    old, new, x_next = transitions(sigma_max=SIGMA_MAX)
+    terms, metrics = ratio_norm_loss(new, old.log_prob, old.mean, A, 2e-6)
+    eps = (x_next - old.mean) / old.std
+    log_ratio = (eps * (new.mean - old.mean)).mean(dim=1)
+    assert torch.allclose(torch.tensor([metrics["ratio_min"], metrics["ratio_max"]]).double(),
+                          log_ratio.exp().sort().values.double(), rtol=1e-6)  # fmt: skip
+    assert torch.allclose(log_ratio.double(), torch.tensor([-7.75852875e-04, 7.75852875e-04]).double(), rtol=1e-3)
+    assert math.isclose(terms.mean().item(), -2.99991593379, rel_tol=2e-3)  # flow_grpo's, through rounded sigmas
+    by_hand = torch.maximum(-A * log_ratio.exp(), -A * log_ratio.exp().clamp(1 - 2e-6, 1 + 2e-6)) / abs(new.dt)
+    assert torch.allclose(terms.double(), by_hand.double(), rtol=1e-5)
+
+
+def test_divergence_mask_drops_only_high_kl_moves_along_the_advantage():
+    """FlowDPPO: four (ratio, A) cases at a KL above the threshold, and the same at one below it."""
+    std = torch.tensor(0.5)
+    result_mean = torch.tensor([[0.1], [0.1], [0.1], [0.1]])
+    logp_new = torch.tensor([0.02, -0.02, 0.02, -0.02], requires_grad=True)
+    result = type("R", (), {"log_prob": logp_new, "mean": result_mean, "std": std, "dt": -0.1})()
+    advantages = torch.tensor([1.0, -1.0, -1.0, 1.0])  # along, along, corrective, corrective
+    far = torch.zeros(4, 1)  # KL = 0.1^2 / (2 0.25) = 0.02
+    terms, metrics = divergence_mask_loss(result, torch.zeros(4), far, advantages, kl_threshold=1e-5)
+    ratio = logp_new.detach().exp()
+    assert torch.allclose(terms.detach(), torch.tensor([0.0, 0.0, ratio[2], -ratio[3]]))
+    assert metrics["masked_fraction"] == 0.5 and math.isclose(metrics["kl_old_mean"].item(), 0.02, rel_tol=1e-5)
+    terms.mean().backward()
+    assert logp_new.grad[0] == 0 and logp_new.grad[1] == 0 and logp_new.grad[2] != 0
+    near = result_mean.clone()  # KL 0: nothing dropped, plain -A ratio
+    terms, metrics = divergence_mask_loss(result, torch.zeros(4), near, advantages, kl_threshold=1e-5)
+    assert torch.allclose(terms.detach(), -advantages * ratio) and metrics["masked_fraction"] == 0
+
+
+# --- advantages ---------------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("std_mode", "expected"),
+    [
+        ("group", [-1.068959, 0.0, -0.267240, 0.0, 1.336199, 0.0]),
+        ("batch", [-1.048112, 0.0, -0.262028, 0.0, 1.310141, 0.0]),
+    ],
+)
+def test_grouping_by_prompt_text_matches_flow_grpos_tracker(std_mode, expected):
+    """flow_grpo groups by prompt text: 'a' three times and 'b' three times, wherever they sit in the batch."""
+    config = algorithm(group_by="prompt", std_mode=std_mode)
+    prompts = ["a", "b", "a", "b", "a", "b"]
+    advantages, _ = compute_advantages(config, None, prompts, [1.0, 0.5, 2.0, 0.5, 4.0, 0.5], group=2)
+    assert torch.allclose(advantages, torch.tensor(expected), atol=1e-5)
+    by_position, _ = compute_advantages(algorithm(std_mode=std_mode), None, prompts, [1, 0.5, 2, 0.5, 4, 0.5], 2)
+    assert not torch.allclose(by_position, advantages)

@@ -1,0 +1,96 @@
+"""Which denoising steps of a rollout are stochastic (SDE, log-prob stored) and which of those each sample trains.
+
+    candidates   the steps [first, n) of the rollout (the last one left out with `exclude_last_step` or `cps`), or
+                 the `sde_window`'s steps at this RL step
+    J            round(|candidates| x timestep_fraction) or int(...) (`step_rounding`), at least 1
+    trained      the first J candidates for every sample (`first`), or J of them per sample (`random`: drawn from
+                 (seed, step, sample id), so a sample trains the same steps on any number of ranks)
+    sde          the steps that sample with eta > 0: the trained ones with `untrained_steps: ode` and `first`,
+                 every candidate otherwise; all other steps are ODE steps (eta 0)
+
+Windows (`algorithm.sde_window`) move with the RL step only: `fixed`, `random` (Flow-GRPO-Fast: one draw per RL
+step from (seed, step)), `sliding` (MixGRPO: `stride` steps every `shift_every` RL steps, cycling), `subset`
+(FlowDPPO: `size` distinct steps of the range per RL step). The plan is a
+pure function of (config, RL step, sample ids), so a resumed run is on the same window as the uninterrupted one.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+
+from unirl_core.rollout.noise import sample_seed
+
+
+@dataclass(frozen=True)
+class StepPlan:
+    sde: list[int]  # denoising steps run with eta > 0 (their transitions are stored), ascending
+    trained_BJ: torch.Tensor  # [B, J] int64: positions in `sde` of the steps each sample trains
+
+
+def last_candidate(algorithm, num_steps: int) -> int:
+    """One past the last step that may be stochastic: the last step is left out with `exclude_last_step` and
+    with `cps` (no noise on the step to sigma 0)."""
+    return num_steps - 1 if algorithm.exclude_last_step or algorithm.sde_type == "cps" else num_steps
+
+
+def window_end(algorithm, num_steps: int) -> int:
+    """Where SDE windows must end (exclusive): `end`, int(n x `end_fraction`), or the last candidate step."""
+    window, limit = algorithm.sde_window, last_candidate(algorithm, num_steps)
+    if window.end is not None:
+        return min(window.end, limit) if window.end <= num_steps else window.end
+    if window.end_fraction is not None:
+        return min(int(num_steps * window.end_fraction), limit)
+    return limit
+
+
+def window_steps(algorithm, first: int, num_steps: int, step: int, seed: int) -> list[int]:
+    """The SDE window's steps at RL step `step` (steps before `first` never run: image-to-image)."""
+    window = algorithm.sde_window
+    low = max(window.start, first)
+    end = window_end(algorithm, num_steps)
+    high = end - window.size  # the last allowed start
+    if high < low:
+        raise ValueError(
+            f"the SDE window of {window.size} steps does not fit in steps [{low}, {high + window.size}) "
+            f"of {num_steps}: lower algorithm.sde_window.size or widen start/end"
+        )
+    generator = torch.Generator().manual_seed(sample_seed(seed, f"sde-window:{step}"))
+    if window.mode == "fixed":
+        begin = low
+    elif window.mode == "random":
+        begin = low + int(torch.randint(high - low + 1, (1,), generator=generator))
+    elif window.mode == "sliding":  # low, low + stride, ..., then back to low
+        positions = (high - low) // window.stride + 1
+        begin = low + window.stride * ((step // window.shift_every) % positions)
+    else:  # subset: `size` distinct steps of [low, end)
+        chosen = torch.randperm(end - low, generator=generator)[: window.size].sort().values
+        return [low + int(i) for i in chosen]
+    return list(range(begin, begin + window.size))
+
+
+def trained_count(candidates: int, fraction: float, rounding: str) -> int:
+    exact = candidates * fraction
+    return max(1, min(candidates, round(exact) if rounding == "round" else math.floor(exact + 1e-9)))
+
+
+def plan_steps(algorithm, first: int, num_steps: int, step: int, seed: int, sample_ids: list[str]) -> StepPlan:
+    """The plan of one rollout of denoising steps [first, num_steps) at RL step `step` (`seed`: the rollout's)."""
+    if algorithm.sde_window is None:
+        candidates = list(range(first, last_candidate(algorithm, num_steps)))
+    else:
+        candidates = window_steps(algorithm, first, num_steps, step, seed)
+    if not candidates:
+        raise ValueError(f"no denoising step of [{first}, {num_steps}) can be trained: use more steps")
+    count = trained_count(len(candidates), algorithm.timestep_fraction, algorithm.step_rounding)
+    if algorithm.train_timesteps == "first":
+        sde = candidates[:count] if algorithm.untrained_steps == "ode" else candidates
+        trained = torch.arange(count).expand(len(sample_ids), count).clone()
+        return StepPlan(sde, trained)
+    rows = []
+    for sample_id in sample_ids:
+        generator = torch.Generator().manual_seed(sample_seed(seed, f"train-steps:{sample_id}"))
+        rows.append(torch.randperm(len(candidates), generator=generator)[:count].sort().values)
+    return StepPlan(candidates, torch.stack(rows) if rows else torch.zeros(0, count, dtype=torch.long))
