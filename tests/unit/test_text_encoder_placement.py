@@ -161,3 +161,37 @@ def test_cpu_placement_keeps_the_text_encoders_out_of_cuda_memory(sd3_folder):
     assert allocated["device"] - allocated["cpu"] >= size, (allocated, size)
     for key, value in reference.items():  # same conditioning, CPU vs GPU numerics
         torch.testing.assert_close(expected[key], value, atol=1e-4, rtol=1e-4)
+
+
+def test_an_edit_models_vlm_on_cpu_reads_the_condition_images_there(monkeypatch):
+    """qwen_image_edit encodes each prompt with its condition image through its VLM text encoder
+    (`with_condition_images`): with the VLM on the CPU, the image and tokens go there, the conditioning to the
+    model's device (meta here, standing in for a GPU); `auto` keeps an edit model's VLM on the device."""
+    from PIL import Image
+
+    sampling = SamplingConfig(guidance_scale=4.0, negative_prompt=" ")
+    model = ModelConfig(family="qwen_image_edit", path="tiny:qwen_image_edit", lora=None)
+    cpu = build_family(model, sampling)
+    images = [Image.new("RGB", (32, 32), colour) for colour in ("red", "navy")]
+    prompts = ["make it brighter", "turn the square into a stripe"]
+    latents = cpu.encode_images(images)
+    expected = cpu.with_condition_images(cpu.encode(prompts), prompts, images, latents)
+    family = build_family(model.model_copy(update={"text_encoders": "cpu"}), sampling, device="meta")
+    assert family.text_device == torch.device("cpu")
+    assert next(family.trainable.parameters()).device.type == "meta"
+    encoded = []
+    original = family.pipeline.encode_prompt
+
+    def spy(*args, **kwargs):
+        result = original(*args, **kwargs)
+        encoded.append(result[0])
+        return result
+
+    monkeypatch.setattr(family.pipeline, "encode_prompt", spy)
+    cond = family.with_condition_images(family.encode(prompts), prompts, images, latents)
+    assert {k: v.device.type for k, v in cond.items()} == {"embeds": "meta", "mask": "meta", "reference": "meta"}
+    assert cond["embeds"].shape == expected["embeds"].shape
+    for i, embeds in enumerate(encoded):  # [negative x 2, positive x 2], each on the CPU, the CPU build's bitwise
+        length = int(expected["mask"][i].sum())
+        assert embeds.device.type == "cpu" and torch.equal(embeds[0], expected["embeds"][i, :length])
+    assert text_encoder_placement("auto", "cuda:0", True, family.text_only_conditioning) == "device"
