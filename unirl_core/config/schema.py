@@ -150,6 +150,21 @@ class ModelConfig(StrictModel):
     conditioning is read from it and misses are computed and written back, keyed by the text encoders' weights.
     `unirl precache prompts FILE --recipe R` fills it ahead of a run. Empty: encode every rollout."""
 
+    text_encoders: Literal["auto", "device", "cpu"] = "auto"
+    """Where the frozen text encoders (every `text_encoder*` component: CLIP, T5-XXL ~9.5 GB in bf16, a VLM) live:
+    `device` keeps them with the model on each training GPU; `cpu` keeps them in host memory and encodes cache misses
+    there (the conditioning then moves to the GPU; slow for a big encoder: precache the prompts). `auto`: `cpu` when
+    `text_embedding_cache` is set and the model is on a GPU (edit models, whose text encoder reads every condition
+    image, stay on the device), else `device`. Conditioning is the same either way (device numerics aside)."""
+
+    vae_decode_batch: Annotated[Count, Field(ge=1)] = 8
+    """Images per VAE decode call when rollouts turn latents into images: lower it at high resolution (a batch of 8
+    at 1024 px through the SD3/FLUX VAE takes many GB). Images are the same whatever it is."""
+
+    vae_tiling: bool = False
+    """Decode (and encode condition images) in overlapping tiles (diffusers' `vae.enable_tiling()`): bounded VAE
+    memory at any resolution; images differ slightly from untiled decoding at the tile seams."""
+
 
 class SDEWindowConfig(StrictModel):
     """An SDE window (Flow-GRPO-Fast, MixGRPO): only `size` consecutive denoising steps are stochastic and trained;

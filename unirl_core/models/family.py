@@ -33,9 +33,30 @@ from typing import ClassVar
 import torch
 
 from unirl_core.models.dtypes import DTYPES
-from unirl_core.models.text_cache import CachedConditioning, Conditioning, PromptEmbeddingCache
+from unirl_core.models.text_cache import (
+    CachedConditioning,
+    Conditioning,
+    PromptEmbeddingCache,
+    files_fingerprint,
+    state_dict_fingerprint,
+)
 from unirl_core.rollout.noise import Generators, sample_seed
 from unirl_core.rollout.samplers import StepResult, cps_step, flow_sde_step
+
+TEXT_ENCODER_PREFIX = "text_encoder"  # pipeline components named so are the text encoders (the VLM of edit models too)
+
+
+def text_encoder_placement(setting: str, device: str, text_cache: bool, text_only_conditioning: bool = True) -> str:
+    """Where the frozen text encoders live: "device" (with the model) or "cpu". `setting` is the recipe's
+    `train.model.text_encoders`; "auto" is "cpu" when a text-embedding cache serves the prompts (`text_cache`), the
+    family's prompts can be cached (`text_only_conditioning`: an edit model's VLM reads every condition image at
+    every rollout, so it stays on the device) and the device is not the CPU already; otherwise "device"."""
+    if setting not in ("auto", "device", "cpu"):
+        raise ValueError(f"text_encoders {setting!r}: choose auto, device or cpu")
+    if setting != "auto":
+        return setting
+    on_cpu = torch.device(device).type == "cpu"
+    return "cpu" if text_cache and text_only_conditioning and not on_cpu else "device"
 
 
 class Family(ABC):
@@ -65,10 +86,15 @@ class Family(ABC):
         negative_prompt: str = "",
         text_only: bool = False,
         vae_only: bool = False,
+        text_encoders: str = "device",
+        vae_decode_batch: int = 8,
+        vae_tiling: bool = False,
     ):
         """Load the pipeline folder `path` (already resolved: see `registry.resolve_model_path`), freeze it, add
         the LoRA adapter (or unfreeze the denoiser for full fine-tuning). `text_only`: the text encoders alone;
-        `vae_only`: the VAE alone (precache)."""
+        `vae_only`: the VAE alone (precache). `text_encoders`: "device" (with the model) or "cpu" (kept on the CPU,
+        cache misses encoded there; see `text_encoder_placement`). `vae_decode_batch`: images per VAE decode call;
+        `vae_tiling`: the VAE decodes (and encodes) in overlapping tiles (diffusers' `enable_tiling`)."""
         import diffusers
 
         pipeline_class = getattr(diffusers, self.pipeline_class)
@@ -77,10 +103,21 @@ class Family(ABC):
             components = pipeline_class.load_config(path)
             skipped = {k: None for k, v in components.items() if isinstance(v, list) and k not in ("vae", "scheduler")}
         pipeline = pipeline_class.from_pretrained(path, dtype=DTYPES[dtype], **skipped)
-        self.pipeline = pipeline.to(device)
+        if text_encoders not in ("device", "cpu"):
+            raise ValueError(f"text_encoders {text_encoders!r}: choose device or cpu (resolve auto first)")
+        if text_encoders == "cpu" and torch.device(device).type != "cpu":
+            for name, module in pipeline.components.items():  # one move each: the text encoders never visit `device`
+                if isinstance(module, torch.nn.Module):
+                    module.to("cpu" if name.startswith(TEXT_ENCODER_PREFIX) else device)
+            self.pipeline = pipeline
+        else:
+            self.pipeline = pipeline.to(device)
         self.pipeline.set_progress_bar_config(disable=True)
         self.device, self.dtype = torch.device(device), DTYPES[dtype]
         self.guidance_scale, self.negative_prompt = guidance_scale, negative_prompt
+        self.path, self.vae_decode_batch = path, vae_decode_batch
+        if vae_tiling and getattr(pipeline, "vae", None) is not None:
+            pipeline.vae.enable_tiling()
         self.texts = CachedConditioning(self.encode_texts)
         for module in pipeline.components.values():
             if isinstance(module, torch.nn.Module):
@@ -135,15 +172,35 @@ class Family(ABC):
     def encode_texts(self, texts: list[str]) -> Conditioning:
         """Conditioning of a batch of texts without CFG: {name: [B, ...]}."""
 
+    def text_encoder_modules(self) -> dict[str, torch.nn.Module]:
+        """The loaded text encoders by component name (those named `text_encoder*`)."""
+        return {
+            name: module
+            for name, module in sorted(self.pipeline.components.items())
+            if name.startswith(TEXT_ENCODER_PREFIX) and isinstance(module, torch.nn.Module)
+        }
+
+    @property
+    def text_device(self) -> torch.device:
+        """Where the text encoders are (their inputs go there): `device`, or the CPU with `text_encoders: cpu`.
+        Read from the weights, so a caller that moves the modules (precache's `PipelinePromptEncoder`) is followed."""
+        for module in self.text_encoder_modules().values():
+            for parameter in module.parameters():
+                return parameter.device
+        return self.device
+
     def text_identity(self) -> dict:
         """What the conditioning depends on (the text-embedding cache key): the family, a fingerprint of every
-        text encoder's weights, the dtype."""
+        text encoder's weights, the dtype. The fingerprint hashes each text encoder's files in the pipeline folder
+        (`<path>/<component>/`, memoized per machine by `files_fingerprint`: a model version is read once), or the
+        loaded weights where there are no files (a hub id, a pipeline built in memory)."""
         digest = hashlib.sha256()
-        for name, module in sorted(self.pipeline.components.items()):
-            if name.startswith("text_encoder") and isinstance(module, torch.nn.Module):
-                for key, tensor in sorted(module.state_dict().items()):
-                    digest.update(f"{name}.{key}".encode())
-                    digest.update(tensor.detach().cpu().contiguous().view(torch.uint8).numpy().tobytes())
+        for name, module in self.text_encoder_modules().items():
+            files = files_fingerprint(str(Path(self.path) / name)) if getattr(self, "path", None) else None
+            if files is not None:
+                digest.update(f"{name}:files:{files}".encode())
+            else:
+                state_dict_fingerprint(name, module, digest)
         return {"family": self.name, "text_encoders": digest.hexdigest()[:16], "dtype": str(self.dtype)}
 
     def attach_text_cache(self, root: str) -> None:
@@ -235,11 +292,15 @@ class Family(ABC):
 
     # --- VAE ----------------------------------------------------------------------------------------------------
 
+    def decode_batch(self, chunk: int | None = None) -> int:
+        """Images per VAE decode call: `chunk`, else the recipe's `vae_decode_batch` (8 by default)."""
+        return chunk or getattr(self, "vae_decode_batch", 8)
+
     @torch.no_grad()
-    def decode(self, latents: torch.Tensor, chunk: int = 8):
-        """Scaled latents -> PIL images (VAE decode in chunks)."""
+    def decode(self, latents: torch.Tensor, chunk: int | None = None):
+        """Scaled latents -> PIL images (VAE decode in chunks of `decode_batch(chunk)`)."""
         images = []
-        vae = self.pipeline.vae
+        vae, chunk = self.pipeline.vae, self.decode_batch(chunk)
         for start in range(0, latents.shape[0], chunk):
             part = latents[start : start + chunk].to(vae.dtype) / vae.config.scaling_factor
             if getattr(vae.config, "shift_factor", None) is not None:

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import torch
 
-from unirl_core.models.family import Family
+from unirl_core.models.family import Family, text_encoder_placement
 
 BUILT_IN = {
     "sd3": "unirl_core.models.families.sd3:SD3Family",
@@ -96,10 +96,16 @@ def resolve_model_path(path: str) -> str:
 
 def build_family(model_config, sampling_config, device: str = "cpu") -> Family:
     """The recipe's model (`train.model`, `train.sampling`) loaded on `device`, through the text-embedding cache
-    when the recipe names one."""
-    family = family_class(model_config.family)(
+    when the recipe names one, its text encoders placed by `train.model.text_encoders` (`text_encoder_placement`),
+    its VAE decoding `vae_decode_batch` images per call, tiled with `vae_tiling`."""
+    cls = family_class(model_config.family)
+    placement = text_encoder_placement(
+        model_config.text_encoders, device, bool(model_config.text_embedding_cache), cls.text_only_conditioning
+    )
+    family = cls(
         resolve_model_path(model_config.path), device=device, dtype=model_config.dtype, lora=model_config.lora,
         guidance_scale=sampling_config.guidance_scale, negative_prompt=sampling_config.negative_prompt,
+        text_encoders=placement, vae_decode_batch=model_config.vae_decode_batch, vae_tiling=model_config.vae_tiling,
     )  # fmt: skip
     if model_config.text_embedding_cache:
         family.attach_text_cache(model_config.text_embedding_cache)

@@ -123,7 +123,7 @@ class FluxFamily(PooledConditioning, Family):
     def encode_texts(self, texts: list[str]) -> dict:
         """{"embeds": T5 [B, max_sequence_length, D] (padded to max length), "pooled": CLIP pooled [B, P]}."""
         embeds, pooled, _ = self.pipeline.encode_prompt(
-            prompt=texts, prompt_2=None, device=self.device, max_sequence_length=self.max_sequence_length
+            prompt=texts, prompt_2=None, device=self.text_device, max_sequence_length=self.max_sequence_length
         )
         return {"embeds": embeds, "pooled": pooled}
 

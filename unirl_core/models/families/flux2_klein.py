@@ -127,7 +127,7 @@ class Flux2KleinFamily(Family):
     @torch.no_grad()
     def encode_texts(self, texts: list[str]) -> dict:
         embeds, _ = self.pipeline.encode_prompt(
-            prompt=texts, device=self.device, max_sequence_length=self.max_sequence_length,
+            prompt=texts, device=self.text_device, max_sequence_length=self.max_sequence_length,
             text_encoder_out_layers=self.text_encoder_out_layers,
         )  # fmt: skip
         return {"embeds": embeds}  # [B, max_sequence_length, 3 D]
@@ -218,9 +218,10 @@ class Flux2KleinFamily(Family):
         return self.pipeline._unpatchify_latents(latents_BCHW.to(self.device, torch.float32) * std + mean)
 
     @torch.no_grad()
-    def decode(self, latents: torch.Tensor, chunk: int = 8):
+    def decode(self, latents: torch.Tensor, chunk: int | None = None):
         """The loop's latents [B, 4c, h, w] -> PIL images."""
         pipe, images = self.pipeline, []
+        chunk = self.decode_batch(chunk)
         for start in range(0, latents.shape[0], chunk):
             raw = self.latents_to_vae(latents[start : start + chunk]).to(pipe.vae.dtype)
             images += pipe.image_processor.postprocess(pipe.vae.decode(raw, return_dict=False)[0], output_type="pil")

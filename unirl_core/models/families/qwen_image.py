@@ -83,7 +83,7 @@ class QwenImageFamily(Family):
         embeds = []
         for text in texts:
             embed, _ = self.pipeline.encode_prompt(
-                prompt=[text], device=self.device, max_sequence_length=self.max_sequence_length
+                prompt=[text], device=self.text_device, max_sequence_length=self.max_sequence_length
             )
             embeds.append(embed[0])
         return self._padded(embeds)
@@ -197,10 +197,10 @@ class QwenImageFamily(Family):
         return mean, std
 
     @torch.no_grad()
-    def decode(self, latents: torch.Tensor, chunk: int = 8):
+    def decode(self, latents: torch.Tensor, chunk: int | None = None):
         """Scaled latents [B, C, h, w] -> PIL images: z = x / (1 / std) + mean (the pipeline's arithmetic), decoded
         as one-frame videos."""
-        vae, images = self.pipeline.vae, []
+        vae, images, chunk = self.pipeline.vae, [], self.decode_batch(chunk)
         mean, std = self._latent_stats(vae.dtype)
         for start in range(0, latents.shape[0], chunk):
             part = latents[start : start + chunk, :, None].to(self.device, vae.dtype) / (1.0 / std) + mean
@@ -282,9 +282,9 @@ class QwenImageEditFamily(QwenImageFamily):
         texts = [*([self.negative_prompt] * len(prompts)), *prompts] if self.cfg else list(prompts)
         pictures = [*images, *images] if self.cfg else list(images)
         embeds = [
-            self.pipeline.encode_prompt(prompt=[text], image=[picture], device=self.device)[0][0]
+            self.pipeline.encode_prompt(prompt=[text], image=[picture], device=self.text_device)[0][0]
             for text, picture in zip(texts, pictures, strict=True)
         ]
         reference = latents.to(self.device, torch.float32)
-        padded = self._padded(embeds, max(e.shape[0] for e in embeds))
+        padded = {k: v.to(self.device) for k, v in self._padded(embeds, max(e.shape[0] for e in embeds)).items()}
         return {**padded, "reference": torch.cat([reference, reference]) if self.cfg else reference}

@@ -29,7 +29,7 @@ class SD15Family(Family):
 
     @torch.no_grad()
     def encode_texts(self, texts: list[str]) -> dict:
-        embeds, _ = self.pipeline.encode_prompt(texts, self.device, 1, False)
+        embeds, _ = self.pipeline.encode_prompt(texts, self.text_device, 1, False)
         return {"embeds": embeds}
 
     def schedule(self, num_steps: int, latent_shape: tuple[int, ...]) -> list[int]:

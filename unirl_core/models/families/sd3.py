@@ -40,7 +40,7 @@ class SD3Family(PooledConditioning, Family):
     @torch.no_grad()
     def encode_texts(self, texts: list[str]) -> dict:
         embeds, _, pooled, _ = self.pipeline.encode_prompt(
-            prompt=texts, prompt_2=None, prompt_3=None, do_classifier_free_guidance=False, device=self.device
+            prompt=texts, prompt_2=None, prompt_3=None, do_classifier_free_guidance=False, device=self.text_device
         )
         return {"embeds": embeds, "pooled": pooled}
 

@@ -113,7 +113,7 @@ class SDXLFamily(PooledConditioning, Family):
     @torch.no_grad()
     def encode_texts(self, texts: list[str]) -> dict:
         embeds, _, pooled, _ = self.pipeline.encode_prompt(
-            texts, device=self.device, num_images_per_prompt=1, do_classifier_free_guidance=False
+            texts, device=self.text_device, num_images_per_prompt=1, do_classifier_free_guidance=False
         )
         return {"embeds": embeds, "pooled": pooled}
 
