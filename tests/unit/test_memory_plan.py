@@ -73,6 +73,20 @@ def test_terms_follow_the_documented_arithmetic():
         "denoiser weights (shard + one block)"]  # fmt: skip
 
 
+def test_cached_prompts_take_the_text_encoders_off_the_gpus_and_decode_batches_bound_the_vae():
+    plan = memory_plan(sd35(), "sd3.5-medium")
+    cached = memory_plan(sd35(**{"train.model.text_embedding_cache": "/cache"}), "sd3.5-medium")
+    assert cached.training["text encoders (on the CPU)"] == 0 and plan.training["text encoders"] > 10
+    kept = memory_plan(sd35(**{"train.model.text_embedding_cache": "/cache", "train.model.text_encoders": "device"}),
+                       "sd3.5-medium")  # fmt: skip
+    assert kept.training["text encoders"] == plan.training["text encoders"]
+    one = memory_plan(sd35(**{"train.model.vae_decode_batch": 1}), "sd3.5-medium")
+    assert one.rollout["VAE decode (chunks of 1)"] == pytest.approx(plan.rollout["VAE decode (chunks of 8)"] / 8)
+    big = {"train.sampling.height": 1024, "train.sampling.width": 1024}
+    tiled = memory_plan(sd35(**big, **{"train.model.vae_tiling": "true"}), "sd3.5-medium")
+    assert tiled.rollout["VAE decode (chunks of 8, tiled)"] == pytest.approx(plan.rollout["VAE decode (chunks of 8)"])
+
+
 def test_unirl_plan_prints_the_plan_and_refuses_a_mismatched_variant(tmp_path):
     runner = CliRunner()
     result = runner.invoke(app, ["plan", "demo", "--variant", "sd3.5-large"])

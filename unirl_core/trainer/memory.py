@@ -3,12 +3,14 @@ components built on the meta device (no weights, seconds).
 
 Terms (bytes; b = the model dtype's bytes, W = workers; FSDP2 shards the trained module over the workers):
     denoiser      P_denoiser b / W + P_largest_block b           (its shard + one all-gathered block)
-    text/VAE      P b each, on every worker                       (frozen, not sharded)
+    text/VAE      P b each, on every worker                       (frozen, not sharded; text encoders 0 when they
+                                                                   are kept on the CPU: `model.text_encoders`)
     trainable     16 P_trainable / W                              (fp32 weight, gradient, Adam's two moments)
     rollout       N (1 + cfg) S h 12 b/2                          (one block's transients, no gradients: N samples
                                                                    per worker, S tokens, h the width)
-    VAE decode    8 C0 H W 6 b                                    (a chunk of 8 images at full resolution, C0 the
-                                                                   decoder's widest full-resolution channel count)
+    VAE decode    n C0 H W 6 b                                    (a chunk of n = `model.vae_decode_batch` images at
+                                                                   full resolution (512 px tiles with `vae_tiling`),
+                                                                   C0 the decoder's widest full-resolution channels)
     training      M (1 + cfg) S h 34 b/2 x L                      (Korthikanti et al. 2022: ~34 s b h bytes per
                   or x (2 L/34 + 1) with activation checkpointing  transformer layer at 16 bit; M the micro-batch)
 It is an estimate (+-30% on transformers; a UNet's per-level widths and token counts are folded into its first
@@ -101,18 +103,30 @@ def memory_plan(config, source: str) -> MemoryPlan:
     vae_config = getattr(components.get("vae"), "config", None)
     vae_width = min(getattr(vae_config, "block_out_channels", [128]))
 
+    from unirl_core.models.family import text_encoder_placement
+
+    model = config.model
+    placement = text_encoder_placement(
+        model.text_encoders, "cuda", bool(model.text_embedding_cache), family.text_only_conditioning
+    )
     weights = {
         "denoiser weights (shard + one block)": (parameters[family.denoiser_name] / workers + largest_block) * b,
-        "text encoders": text * b,
+        "text encoders" + (" (on the CPU)" if placement == "cpu" else ""): 0 if placement == "cpu" else text * b,
         "VAE": parameters.get("vae", 0) * b,
     }
+    decode_pixels = sampling.height * sampling.width
+    if model.vae_tiling:  # diffusers' tiles: 512 px squares (plus overlap)
+        decode_pixels = min(sampling.height, 512) * min(sampling.width, 512)
+    decode_batch = min(model.vae_decode_batch, samples)
     per_layer = micro * cfg * tokens * width * 34 * b / 2
     layers = len(blocks)
     checkpointing = config.fsdp.activation_checkpointing
     rollout = {
         **weights,
         "denoiser activations": samples * cfg * tokens * width * 12 * b / 2,
-        "VAE decode (chunks of 8)": min(8, samples) * vae_width * sampling.height * sampling.width * 6 * b,
+        f"VAE decode (chunks of {decode_batch}{', tiled' if model.vae_tiling else ''})": (
+            decode_batch * vae_width * decode_pixels * 6 * b
+        ),
     }
     training = {
         **weights,
