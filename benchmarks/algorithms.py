@@ -1,0 +1,105 @@
+"""The named algorithms side by side on a tiny family: reward gained after N steps and wall time per step, with the
+same prompts, seeds and reward (the demo recipe: jpeg_compressibility, 2 prompts x 4 samples, LoRA, 32 px).
+
+    .venv/bin/python benchmarks/algorithms.py [--family sd3] [--steps 24] [--seeds 0,1,2] [--inference-steps 8]
+    .venv/bin/python benchmarks/algorithms.py --only grpo,mixgrpo
+
+Each algorithm runs its preset (`PRESETS` in unirl_core/config/schema.py) with the overrides in `TINY` below,
+which scale windows written for 10-28 steps to the tiny runs' 8. Every run is one rank in this process
+(`unirl train --local`'s path). Printed per algorithm: the reward gain (mean of the last 4 steps minus the first 4)
+for each seed and their mean, the final reward, seconds per RL step (the first step, a warm-up, left out), and the
+ratio of that time to full-SDE `grpo`'s. Windows (flow_grpo_fast, mixgrpo, flow_dppo) train 2-3 of the 8 steps, so
+their train phase is cheaper; the rollout phase is the same for all.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import tempfile
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from unirl_core.config import load_recipe  # noqa: E402
+
+TINY = {  # algorithm -> its recipe overrides on the tiny 8-step runs (the preset fills the rest)
+    "grpo": [],
+    "flow_grpo_fast": ["train.algorithm.name=flow_grpo_fast"],
+    "mixgrpo": ["train.algorithm.name=mixgrpo", "train.algorithm.sde_window.size=2",
+                "train.algorithm.sde_window.shift_every=4"],
+    "dancegrpo": ["train.algorithm.name=dancegrpo", "train.algorithm.eta=0.7"],
+    "grpo_guard": ["train.algorithm.name=grpo_guard"],
+    "flow_dppo": ["train.algorithm.name=flow_dppo"],
+    "reinforce": ["train.algorithm.name=reinforce"],
+}  # fmt: skip
+FAMILIES = {
+    "sd3": [],
+    "sd15": ["train.model.family=sd15", "train.model.path=tiny:sd15", "train.algorithm.eta=1.0",
+             "train.model.lora.target_modules=[to_q,to_k,to_v,to_out.0,proj_out,conv_out]"],
+}  # fmt: skip
+SD15_ONLY_SDE = {"grpo", "grpo_guard", "reinforce", "flow_grpo_fast", "mixgrpo", "flow_dppo"}  # DDIM: no `dance`
+WINDOW = 4
+
+
+def run(name: str, family: str, seed: int, steps: int, inference_steps: int, folder: Path) -> list[dict]:
+    from unirl_core.trainer import plan_rounds, run_round
+
+    overrides = [
+        *FAMILIES[family], *TINY[name], f"train.steps={steps}", f"train.steps_per_round={steps}",
+        f"train.sampling.num_inference_steps={inference_steps}", f"train.sampling.seed={seed}",
+        f"train.data.seed={seed}", f"train.output_dir={folder}", "train.ray.workers=1",
+        "train.checkpoint_every=1000",
+    ]  # fmt: skip
+    config = load_recipe("demo", overrides).train
+    rows: list[dict] = []
+    for round_ in plan_rounds(config):
+        run_round(config, round_, on_step=rows.append, local=True)
+    return rows
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--family", default="sd3", choices=sorted(FAMILIES))
+    parser.add_argument("--steps", type=int, default=24)
+    parser.add_argument("--inference-steps", type=int, default=8)
+    parser.add_argument("--seeds", default="0,1,2")
+    parser.add_argument("--only", default="", help="comma-separated algorithms (default: all)")
+    args = parser.parse_args()
+    names = [n for n in TINY if not args.only or n in args.only.split(",")]
+    if args.family == "sd15":
+        names = [n for n in names if n in SD15_ONLY_SDE]
+    seeds = [int(s) for s in args.seeds.split(",")]
+    results = {}
+    with tempfile.TemporaryDirectory() as tmp:
+        for name in names:
+            gains, finals, seconds, train = [], [], [], []
+            for seed in seeds:
+                rows = run(name, args.family, seed, args.steps, args.inference_steps, Path(tmp) / f"{name}-{seed}")
+                rewards = [r["reward_mean"] for r in rows]
+                gains.append(sum(rewards[-WINDOW:]) / WINDOW - sum(rewards[:WINDOW]) / WINDOW)
+                finals.append(sum(rewards[-WINDOW:]) / WINDOW)
+                seconds += [r["seconds_rollout"] + r["seconds_reward"] + r["seconds_train"] for r in rows[1:]]
+                train += [r["seconds_train"] for r in rows[1:]]
+            results[name] = (gains, finals, statistics.median(seconds), statistics.median(train))
+            print(f"{name}: gains {[round(g, 3) for g in gains]}", flush=True)
+    base = results["grpo"][2] if "grpo" in results else None
+    print(
+        f"\n{args.family}, {args.steps} RL steps, {args.inference_steps} denoising steps, seeds {seeds}, "
+        "jpeg_compressibility (-kB; higher is better)"
+    )
+    print(f"{'algorithm':<16} {'gain per seed':<26} {'mean gain':>9} {'final':>8} {'s/step':>7} {'train s':>7} "
+          f"{'vs grpo':>8}")  # fmt: skip
+    for name, (gains, finals, step_seconds, train_seconds) in results.items():
+        ratio = f"{step_seconds / base:.2f}x" if base else "-"
+        per_seed = " ".join(f"{g:+.3f}" for g in gains)
+        print(
+            f"{name:<16} {per_seed:<26} {statistics.mean(gains):>+9.3f} {statistics.mean(finals):>8.3f} "
+            f"{step_seconds:>7.2f} {train_seconds:>7.2f} {ratio:>8}"
+        )
+
+
+if __name__ == "__main__":
+    main()
