@@ -41,6 +41,11 @@ def test_recipes_lists_packaged_recipes():
     assert result.exit_code == 0
     assert [line.split()[0] for line in result.stdout.splitlines()] == [
         "demo",
+        "demo_dancegrpo",
+        "demo_flow_dppo",
+        "demo_flow_grpo_fast",
+        "demo_grpo_guard",
+        "demo_mixgrpo",
         "flux2_klein_grpo",
         "flux_dev_grpo",
         "flux_kontext_grpo",
@@ -50,7 +55,12 @@ def test_recipes_lists_packaged_recipes():
         "qwen_image_edit_grpo",
         "qwen_image_grpo",
         "sd35_large_grpo",
+        "sd35_medium_dancegrpo",
+        "sd35_medium_flow_dppo",
+        "sd35_medium_flow_grpo_fast",
         "sd35_medium_grpo",
+        "sd35_medium_grpo_guard",
+        "sd35_medium_mixgrpo",
         "sdxl_ddpo",
     ]
 
