@@ -110,3 +110,31 @@ def test_flow_samplers_roll_out_and_a_ddim_family_refuses_them(sde_type):
     config, adapter, samples = setup(family="sd15", sde_type=sde_type)
     with pytest.raises(UserError, match=f"sde_type: '{sde_type}' does not apply to family 'sd15'"):
         run_rollout(adapter, samples, config.sampling, config.algorithm, seed=0)
+
+
+class Killed(Exception):
+    """Stands in for a kill: raised after a step was logged, before anything later is committed."""
+
+
+@pytest.mark.parametrize("recipe", ["demo_mixgrpo", "demo_dancegrpo"])
+def test_a_killed_run_resumes_on_the_same_windows_and_steps(recipe, tmp_path):
+    """The SDE window (MixGRPO's moves every 4 steps here) and the per-sample trained steps are functions of the RL
+    step: a run killed at step 6 resumes from its step-5 checkpoint to the uninterrupted run, bitwise."""
+    from local_training import comparable, train_locally
+
+    from unirl_core.config import load_recipe
+
+    config = load_recipe(recipe, ["train.steps=10", "train.checkpoint_every=2"]).train
+    uninterrupted = train_locally(config, tmp_path / "whole")
+
+    def kill_at_6(row: dict) -> None:
+        first.append(row)
+        if row["step"] == 6:
+            raise Killed
+
+    first: list[dict] = []
+    with pytest.raises(Killed):
+        train_locally(config, tmp_path / "killed", on_step=kill_at_6)
+    resumed = train_locally(config, tmp_path / "killed")
+    assert resumed[0]["step"] == 6
+    assert comparable(first[:6] + resumed) == comparable(uninterrupted)
