@@ -75,23 +75,28 @@ class MetaAdapter:
     def select(self, cond, index):
         return cond
 
+    def use_algorithm(self, algorithm):
+        pass
+
     def transition(self, x, index, eta, cond, schedule, prev_sample=None):
         return SimpleNamespace(log_prob=torch.zeros(len(x), device="meta"))
 
 
-def test_the_train_stack_brings_cpu_advantages_to_the_log_probs_device():
+def test_the_train_stack_brings_cpu_advantages_to_the_log_probs_device(monkeypatch):
     adapter, seen = MetaAdapter(), []
 
-    def checked_loss(logp_new, logp_old, advantages, clip_range):
-        seen.append({t.device.type for t in (logp_new, logp_old, advantages)})
+    def checked_loss(algorithm, result, logp_old, mean_old, advantages):
+        seen.append({t.device.type for t in (result.log_prob, logp_old, advantages)})
         one = torch.ones(())
-        return (adapter.weight * 0).sum(), {"ratio_mean": one, "ratio_min": one, "ratio_max": one}
+        terms = (adapter.weight * 0).expand(len(advantages))
+        return terms, {"ratio_mean": one, "ratio_min": one, "ratio_max": one}
 
     stack = TrainStack(adapter, AlgorithmConfig(micro_batch_size=2))
-    stack.loss = checked_loss
+    monkeypatch.setattr("unirl_core.train.stack.policy_loss", checked_loss)
     rollout = SimpleNamespace(
         latents_TB=torch.zeros(2, 4, 1), next_latents_TB=torch.zeros(2, 4, 1), steps=[0, 1], schedule=None,
         cond={}, logp_TB=torch.zeros(2, 4, device="meta"), samples=None,
+        trained=lambda: torch.arange(2).expand(4, -1),
     )  # fmt: skip
     stack.train(rollout, torch.tensor([1.0, -1.0, 1.0, -1.0]), step=0)  # advantages on the CPU, as a worker has them
     assert seen and all(devices == {"meta"} for devices in seen)
