@@ -311,8 +311,8 @@ class AlgorithmConfig(StrictModel):
     DDIM families have no dt: both forms are the exact KL there."""
 
     cfg_gradient: Literal["both", "detach_uncond"] = "both"
-    """Training forwards with CFG on: gradients flow through both branches (`both`: DDPO) or only the conditional
-    one (`detach_uncond`: flow_grpo). The values, and so the ratios, are the same."""
+    """Training forwards with CFG on: gradients flow through both branches (`both`: what flow_grpo's and DDPO's code
+    does) or only the conditional one (`detach_uncond`). The values, and so the ratios, are the same."""
 
     group_by: Literal["position", "prompt"] = "position"
     """GRPO groups: the `samples_per_prompt` siblings of one rollout prompt (`position`), or every sample of the
