@@ -34,13 +34,14 @@ TINY = {  # algorithm -> its recipe overrides on the tiny 8-step runs (the prese
     "grpo_guard": ["train.algorithm.name=grpo_guard"],
     "flow_dppo": ["train.algorithm.name=flow_dppo"],
     "reinforce": ["train.algorithm.name=reinforce"],
+    "diffusion_nft": ["train.algorithm.name=diffusion_nft"],
 }  # fmt: skip
 FAMILIES = {
     "sd3": [],
     "sd15": ["train.model.family=sd15", "train.model.path=tiny:sd15", "train.algorithm.eta=1.0",
              "train.model.lora.target_modules=[to_q,to_k,to_v,to_out.0,proj_out,conv_out]"],
 }  # fmt: skip
-SD15_ONLY_SDE = {"grpo", "grpo_guard", "reinforce", "flow_grpo_fast", "mixgrpo", "flow_dppo"}  # DDIM: no `dance`
+SD15_ONLY_SDE = {"grpo", "grpo_guard", "reinforce", "flow_grpo_fast", "mixgrpo", "flow_dppo", "diffusion_nft"}  # no `dance`
 WINDOW = 4
 
 

@@ -13,7 +13,7 @@ from unirl_core.data.sources import build_source
 from unirl_core.errors import UserError
 from unirl_core.models.registry import build_family
 from unirl_core.rollout.rollout import run_rollout
-from unirl_core.train.stack import TrainStack
+from unirl_core.train.stack import TrainStack, build_stack
 
 pytestmark = pytest.mark.slow
 
@@ -116,10 +116,46 @@ class Killed(Exception):
     """Stands in for a kill: raised after a step was logged, before anything later is committed."""
 
 
-@pytest.mark.parametrize("recipe", ["demo_mixgrpo", "demo_dancegrpo"])
+@pytest.mark.parametrize("family", ["sd3", "sd15"])
+def test_diffusion_nft_samples_from_the_old_policy_and_moves_it_after_the_step(family):
+    """ODE rollouts, nothing stored per step; the update moves the trained weights, then the old policy follows by
+    1 - decay (0.999 after the first optimizer step), and rollouts come from it."""
+    config, adapter, samples = setup(family=family, name="diffusion_nft", steps=4)
+    stack = build_stack(adapter, config.algorithm)
+    with stack.rollout_policy():
+        rollout = run_rollout(adapter, samples, config.sampling, config.algorithm, seed=0, step=0)
+    assert rollout.latents_TB.shape[0] == 0 and rollout.steps == [0, 1, 2, 3]
+    assert rollout.trained().shape == (4, 3)  # int(4 x 0.99) = 3 grid steps per sample
+    before = lora_weights(adapter)
+    metrics = stack.train(rollout, torch.tensor([1.0, -1.0, 0.5, -0.5]), step=0)
+    after = lora_weights(adapter)
+    assert metrics["old_decay"] == pytest.approx(0.001) and metrics["r_mean"] == pytest.approx(0.5)
+    assert any(not torch.equal(a, b) for a, b in zip(before, after, strict=True))
+    for old, initial, new in zip(stack.old.shadow, before, after, strict=True):
+        assert torch.allclose(old, 0.001 * initial + 0.999 * new, atol=1e-6)
+    with stack.rollout_policy():
+        assert all(torch.equal(p.detach(), o) for p, o in zip(adapter.parameters(), stack.old.shadow, strict=True))
+    assert all(torch.equal(p.detach(), a) for p, a in zip(adapter.parameters(), after, strict=True))
+
+
+def test_diffusion_nft_trains_the_same_whatever_the_micro_batch():
+    """The fresh noise of each (sample, trained slot) derives from (seed, sample id): cutting the batch differently
+    gives the same gradient."""
+    grads = []
+    for micro in (4, 1):
+        config, adapter, samples = setup(name="diffusion_nft", micro_batch_size=micro, steps=4)
+        stack = build_stack(adapter, config.algorithm)
+        rollout = run_rollout(adapter, samples, config.sampling, config.algorithm, seed=0)
+        stack.train(rollout, torch.tensor([1.0, -1.0, 0.5, -0.5]), step=0)
+        grads.append(torch.cat([p.grad.flatten() for p in adapter.parameters()]))
+    assert torch.allclose(grads[0], grads[1], rtol=1e-4, atol=1e-7)
+
+
+@pytest.mark.parametrize("recipe", ["demo_mixgrpo", "demo_dancegrpo", "demo_diffusion_nft"])
 def test_a_killed_run_resumes_on_the_same_windows_and_steps(recipe, tmp_path):
     """The SDE window (MixGRPO's moves every 4 steps here) and the per-sample trained steps are functions of the RL
-    step: a run killed at step 6 resumes from its step-5 checkpoint to the uninterrupted run, bitwise."""
+    step, DiffusionNFT's old policy is checkpointed: a run killed at step 6 resumes from its step-5 checkpoint to the
+    uninterrupted run, bitwise."""
     from local_training import comparable, train_locally
 
     from unirl_core.config import load_recipe

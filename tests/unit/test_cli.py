@@ -42,6 +42,7 @@ def test_recipes_lists_packaged_recipes():
     assert [line.split()[0] for line in result.stdout.splitlines()] == [
         "demo",
         "demo_dancegrpo",
+        "demo_diffusion_nft",
         "demo_flow_dppo",
         "demo_flow_grpo_fast",
         "demo_grpo_guard",
@@ -56,6 +57,7 @@ def test_recipes_lists_packaged_recipes():
         "qwen_image_grpo",
         "sd35_large_grpo",
         "sd35_medium_dancegrpo",
+        "sd35_medium_diffusion_nft",
         "sd35_medium_flow_dppo",
         "sd35_medium_flow_grpo_fast",
         "sd35_medium_grpo",

@@ -95,7 +95,46 @@ def policy_loss(algorithm, result, logp_old_B, mean_old, advantages_B):
     return ppo_clip_loss(result.log_prob, logp_old_B, advantages_B, algorithm.clip_range)
 
 
+def nft_preference(advantages_B: torch.Tensor, adv_clip: float) -> torch.Tensor:
+    """DiffusionNFT's optimality weight r = 1/2 + 1/2 clip(A / adv_clip, -1, 1) in [0, 1] (A: the group-normalized
+    advantage; the reference's r = clamp(A_clipped / adv_clip / 2 + 0.5, 0, 1))."""
+    return (advantages_B.float().clamp(-adv_clip, adv_clip) / adv_clip / 2 + 0.5).clamp(0.0, 1.0)
+
+
+def _adaptive_error(x0_pred: torch.Tensor, x0: torch.Tensor) -> torch.Tensor:
+    """mean((x0_pred - x0)^2) / sg(mean|x0_pred - x0|) per sample (the denominator at least 1e-5): DiffusionNFT's
+    adaptively weighted x0 error, computed in float64 as the reference does."""
+    error = x0_pred.double() - x0.double()
+    with torch.no_grad():
+        weight = _mean_over_elements(error.abs()).clamp(min=1e-5)
+    return _mean_over_elements(error**2) / weight
+
+
+def nft_loss(x0_new, x0_old, x0, r_B, nft_beta: float, adv_clip: float):
+    """DiffusionNFT (arXiv 2509.16117; NVlabs/DiffusionNFT `train_nft_sd3.py`): the implicit positive and negative
+    policies around the old one, in x0 space (affine in the velocity, so mixing x0 predictions mixes velocities):
+        x0+ = beta x0_new + (1 - beta) x0_old          x0- = (1 + beta) x0_old - beta x0_new
+        term = adv_clip (r E+(x0+) + (1 - r) E-(x0-)) / beta,   E: `_adaptive_error` against the rollout's x0.
+    Returns the per-sample terms [B] and diagnostics. No likelihood, ratio or SDE: any sampler's final latent."""
+    positive = nft_beta * x0_new.float() + (1 - nft_beta) * x0_old.float()
+    negative = (1 + nft_beta) * x0_old.float() - nft_beta * x0_new.float()
+    positive_error, negative_error = _adaptive_error(positive, x0), _adaptive_error(negative, x0)
+    terms = adv_clip * (r_B * positive_error + (1 - r_B) * negative_error) / nft_beta
+    with torch.no_grad():
+        metrics = {
+            "positive_loss": positive_error.mean(), "negative_loss": negative_error.mean(), "r_mean": r_B.mean(),
+            "old_gap": _mean_over_elements((x0_new.float() - x0_old.float()) ** 2).mean(),
+        }  # fmt: skip
+    return terms.float(), metrics
+
+
+def prediction_mse(prediction: torch.Tensor, reference: torch.Tensor) -> torch.Tensor:
+    """Per-sample mean squared difference [B] of two model outputs (DiffusionNFT's KL term: velocity to the base)."""
+    return _mean_over_elements((prediction.float() - reference.float()) ** 2)
+
+
 NEEDS_OLD_MEAN = {"grpo_guard", "flow_dppo"}  # losses that read pi_old's step means
+LIKELIHOOD_FREE = {"diffusion_nft"}  # trained on fresh noisings of the rollout's final latent (no stored steps)
 SINGLE_UPDATE = {"reinforce"}  # on-policy: exactly one update per rollout
 
 

@@ -219,6 +219,10 @@ PRESETS: dict[str, dict] = {
     # FlowDPPO (Tencent-Hunyuan/UniRL FlowDPPO/config.yaml): 3 SDE steps drawn per rollout from the first half,
     # ODE elsewhere, a KL trust-region mask at 1e-5 instead of clipping, 2 updates per rollout
     "flow_dppo": {"sde_window": {"mode": "subset", "size": 3, "end_fraction": 0.5}, "num_updates_per_batch": 2},
+    # DiffusionNFT (NVlabs/DiffusionNFT config/nft.py + base.py, SD3.5-M): ODE rollouts from the old policy, int(0.99 n)
+    # grid timesteps per sample drawn at random, advantages by prompt text over a batch-wide std, KL 1e-4 to the base
+    "diffusion_nft": {"group_by": "prompt", "std_mode": "batch", "timestep_fraction": 0.99, "step_rounding": "floor",
+                      "train_timesteps": "random", "beta": 1e-4},
 }  # fmt: skip
 SHARED_NOISE = {"mixgrpo", "dancegrpo"}
 
@@ -227,14 +231,33 @@ class AlgorithmConfig(StrictModel):
     """The RL algorithm: its loss, which denoising steps are stochastic and trained, and the advantage conventions.
     A named algorithm fills the keys a recipe leaves out with its paper's defaults (`PRESETS`)."""
 
-    name: Literal["grpo", "reinforce", "flow_grpo_fast", "mixgrpo", "dancegrpo", "grpo_guard", "flow_dppo"] = "grpo"
+    name: Literal[
+        "grpo", "reinforce", "flow_grpo_fast", "mixgrpo", "dancegrpo", "grpo_guard", "flow_dppo", "diffusion_nft"
+    ] = "grpo"
     """`grpo`: PPO-clip on per-step ratios to pi_old (Flow-GRPO, DDPO's PPO); several updates per rollout are
     allowed. `reinforce`: the on-policy gradient -A log pi (DDPO's PG), exactly one update per rollout.
     `flow_grpo_fast`: grpo on a random 2-step SDE window, ODE elsewhere. `mixgrpo`: grpo on a sliding 4-step window
     (moves every 25 RL steps), shared group noise. `dancegrpo`: grpo with DanceGRPO's SDE (eta 0.3) on every step,
     a random 60% of the steps trained per sample, shared group noise. `grpo_guard`: PPO-clip on RatioNorm-ed ratios,
     each step's loss divided by |dt| (clip 2e-6). `flow_dppo`: -A ratio masked by a KL trust region
-    (`kl_threshold`) instead of clipping, on 3 random SDE steps of the first half. See `PRESETS`."""
+    (`kl_threshold`) instead of clipping, on 3 random SDE steps of the first half. `diffusion_nft`: DiffusionNFT's
+    reward-weighted flow-matching loss on fresh noisings of deterministic (ODE) rollouts of a lagging old policy
+    (`nft_beta`, `old_decay_*`); no log-probs, any sampler; `beta` is its velocity MSE to the base. See `PRESETS`."""
+
+    nft_beta: Annotated[float, Field(gt=0)] = 1.0
+    """`diffusion_nft`: the implicit policies' strength beta, v+ = beta v + (1 - beta) v_old and
+    v- = (1 + beta) v_old - beta v (the reference's `config.beta`: 1.0; 0.1 for its OCR and multi-reward runs)."""
+
+    old_decay_rate: Annotated[float, Field(ge=0)] = 0.001
+    """`diffusion_nft`: the old (rollout) policy follows the trained one after every RL step,
+    old <- d old + (1 - d) new, d = min(old_decay_rate (n - old_decay_start), old_decay_max) after n optimizer steps
+    (0 before `old_decay_start`). The reference's decay_type 1: 0.001, 0, 0.5; decay_type 2 (OCR): 0.0075, 75, 0.999."""
+
+    old_decay_start: Annotated[Count, Field(ge=0)] = 0
+    """`diffusion_nft`: optimizer steps before the old policy starts to lag (it equals the trained one until then)."""
+
+    old_decay_max: Annotated[float, Field(ge=0, lt=1)] = 0.5
+    """`diffusion_nft`: the old policy's largest decay."""
 
     sde_type: Literal["sde", "cps", "dance"] = "sde"
     """Flow families' stochastic step: Flow-GRPO's SDE (`sde`, std eta sqrt(sigma / (1 - sigma)) sqrt(|dt|)),
@@ -695,7 +718,9 @@ class TrainConfig(StrictModel):
                 "disabled, so a KL term needs LoRA",
             )
         window, steps = self.algorithm.sde_window, self.sampling.num_inference_steps
-        if window is not None:
+        if window is not None and self.algorithm.name == "diffusion_nft":
+            yield "algorithm.sde_window", "set", "empty: diffusion_nft rolls out with the ODE (no SDE steps to window)"
+        elif window is not None:
             from unirl_core.rollout.plan import window_end
 
             end = window_end(self.algorithm, steps)

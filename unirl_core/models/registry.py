@@ -89,8 +89,29 @@ def resolve_model_path(path: str) -> str:
 
     family = path.split(":", 1)[1]
     folder = workspace().root / "models" / f"tiny-{family}-seed0"
-    if not (folder / "model_index.json").exists():
-        write_tiny_model(folder, family, seed=0)
+    if not folder.exists():  # written aside, then renamed: ranks building at once never read a half-written folder
+        import shutil
+        import tempfile
+
+        folder.parent.mkdir(parents=True, exist_ok=True)
+        partial = Path(tempfile.mkdtemp(prefix=f".{folder.name}-", dir=folder.parent))
+        try:
+            if torch.distributed.is_available() and torch.distributed.is_initialized():
+                # transformers writes weights on rank 0 only once a process group exists: build in a fresh process
+                import subprocess
+                import sys
+
+                code = "import sys; from unirl_core.models.registry import write_tiny_model as w; w(*sys.argv[1:])"
+                subprocess.run([sys.executable, "-c", code, str(partial), family], check=True, capture_output=True)
+            else:
+                write_tiny_model(partial, family, seed=0)
+            partial.chmod(0o755)  # mkdtemp made it private
+            partial.rename(folder)
+        except OSError:
+            if not (folder / "model_index.json").exists():  # not another process's complete folder: a real error
+                raise
+        finally:
+            shutil.rmtree(partial, ignore_errors=True)
     return str(folder)
 
 

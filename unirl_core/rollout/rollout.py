@@ -10,6 +10,7 @@ from dataclasses import dataclass
 
 import torch
 
+from unirl_core.algorithms.losses import LIKELIHOOD_FREE
 from unirl_core.data.groups import RolloutSample
 from unirl_core.rollout.conditions import ConditionLatents, condition_uri
 from unirl_core.rollout.noise import sample_generators
@@ -27,6 +28,8 @@ class Rollout:
     logp_TB: torch.Tensor  # [T, B] float32
     images: list  # PIL images
     trained_BJ: torch.Tensor | None = None  # [B, J] positions in `steps` each sample trains (None: all of them)
+    final_latents: torch.Tensor | None = None  # [B, C, h, w] float32, the denoised latents the images decode from
+    seed: int = 0  # the rollout's seed (fresh training noise of likelihood-free algorithms derives from it)
 
     def trained(self) -> torch.Tensor:
         if self.trained_BJ is None:
@@ -49,7 +52,9 @@ def run_rollout(
 
     Every draw depends on (seed, sample id) only (the caller passes seed = sampling seed + step): the initial noise,
     and the SDE steps' noise from one generator per sample, so a sample rolls out the same on any number of ranks.
-    Which steps are stochastic and trained: `plan_steps` at RL step `step` (SDE windows move with it)."""
+    Which steps are stochastic and trained: `plan_steps` at RL step `step` (SDE windows move with it). A
+    likelihood-free algorithm (DiffusionNFT) rolls out with the ODE (eta 0) and stores no transitions: `steps` are
+    then the grid steps it may train on, at fresh noisings of `final_latents`."""
     adapter.use_algorithm(algorithm)
     cond = adapter.encode([s.example.prompt for s in samples])
     shape = adapter.latent_shape(sampling.height, sampling.width)
@@ -76,8 +81,9 @@ def run_rollout(
     plan = plan_steps(algorithm, start, sampling.num_inference_steps, step, seed, [s.sample_id for s in samples])
     before, after, logps = [], [], []
     generators = sample_generators(seed, [f"sde:{s.sample_id}" for s in samples], device=x.device)
+    likelihood_free = algorithm.name in LIKELIHOOD_FREE
     for index in range(start, sampling.num_inference_steps):
-        stochastic = index in plan.sde
+        stochastic = index in plan.sde and not likelihood_free
         result = adapter.transition(
             x, index, algorithm.eta if stochastic else 0.0, cond, schedule, generator=generators
         )
@@ -86,7 +92,9 @@ def run_rollout(
             after.append(result.sample)
             logps.append(result.log_prob)
         x = result.sample
+    empty = x.new_zeros(0, *x.shape)  # nothing stored (likelihood-free): [0, B, ...]
+    stored = ((before, empty), (after, empty), (logps, x.new_zeros(0, len(samples))))
+    stacks = [torch.stack(values) if values else nothing for values, nothing in stored]
     return Rollout(
-        samples, cond, schedule, plan.sde, torch.stack(before), torch.stack(after), torch.stack(logps),
-        adapter.decode(x), plan.trained_BJ,
+        samples, cond, schedule, plan.sde, *stacks, adapter.decode(x), plan.trained_BJ, final_latents=x, seed=seed
     )  # fmt: skip

@@ -34,6 +34,8 @@ class StepResult:
     mean: torch.Tensor  # float32 [B, C, H, W]
     std: torch.Tensor  # float32, broadcastable to the sample (a scalar per step)
     dt: float | None = None  # flow steps: sigma_next - sigma (< 0); None for DDIM
+    x0: torch.Tensor | None = None  # float32 [B, C, H, W]: the clean latent the step predicts (DiffusionNFT)
+    prediction: torch.Tensor | None = None  # float32: the (guided) model output, velocity or epsilon
 
 
 def gaussian_log_prob(x: torch.Tensor, mean: torch.Tensor, std: torch.Tensor) -> torch.Tensor:
@@ -43,7 +45,9 @@ def gaussian_log_prob(x: torch.Tensor, mean: torch.Tensor, std: torch.Tensor) ->
     return per_element.mean(dim=tuple(range(1, x.ndim)))
 
 
-def _gaussian_step(mean, std, prev_sample, generator: Generators | None, dt: float | None = None) -> StepResult:
+def _gaussian_step(
+    mean, std, prev_sample, generator: Generators | None, dt: float | None = None, x0=None, prediction=None
+) -> StepResult:
     """Draw x_next ~ N(mean, std^2), or take the stored `prev_sample`, and its log-prob. `generator`: one for the
     batch, or one per sample (each sample's noise then depends on its own generator only)."""
     if prev_sample is None:
@@ -53,7 +57,7 @@ def _gaussian_step(mean, std, prev_sample, generator: Generators | None, dt: flo
             noise = randn_like_samples(mean.shape, generator).to(mean.device)
         prev_sample = mean + std * noise
     prev_sample = prev_sample.float()
-    return StepResult(prev_sample, gaussian_log_prob(prev_sample, mean, std), mean, std, dt)
+    return StepResult(prev_sample, gaussian_log_prob(prev_sample, mean, std), mean, std, dt, x0, prediction)
 
 
 def flow_sde_step(
@@ -70,15 +74,15 @@ def flow_sde_step(
     """One flow-matching SDE step. With `prev_sample`, the log-prob of that stored transition (re-evaluation).
     `constant_std`: DanceGRPO's SDE, std_t = eta at every sigma (the same mean formula)."""
     v, x = velocity.float(), latents.float()
-    dt = sigma_next - sigma
+    dt, x0 = sigma_next - sigma, x - sigma * v
     if eta == 0:
         mean = x + v * dt
-        return StepResult(mean, None, mean, torch.zeros((), device=x.device), dt)
+        return StepResult(mean, None, mean, torch.zeros((), device=x.device), dt, x0, v)
     denominator = 1 - sigma if sigma < 1 else 1 - (sigma_max if sigma_max is not None and sigma_max < 1 else 1 - 1e-4)
     std_t = eta if constant_std else eta * math.sqrt(sigma / max(denominator, 1e-8))
     mean = x * (1 + std_t**2 / (2 * sigma) * dt) + v * (1 + std_t**2 * (1 - sigma) / (2 * sigma)) * dt
     std = torch.tensor(std_t * math.sqrt(-dt), device=x.device, dtype=torch.float32)
-    return _gaussian_step(mean, std, prev_sample, generator, dt)
+    return _gaussian_step(mean, std, prev_sample, generator, dt, x0, v)
 
 
 def cps_step(
@@ -103,8 +107,8 @@ def cps_step(
     mean = (1 - sigma_next) * x0 + math.sqrt(max(sigma_next**2 - std_value**2, 0.0)) * x1
     std = torch.tensor(std_value, device=x.device, dtype=torch.float32)
     if std_value == 0:
-        return StepResult(mean, None, mean, std, sigma_next - sigma)
-    return _gaussian_step(mean, std, prev_sample, generator, sigma_next - sigma)
+        return StepResult(mean, None, mean, std, sigma_next - sigma, x0, v)
+    return _gaussian_step(mean, std, prev_sample, generator, sigma_next - sigma, x0, v)
 
 
 def ddim_step(
@@ -125,5 +129,5 @@ def ddim_step(
     mean = math.sqrt(alpha_prod_prev) * x0 + direction
     std = torch.tensor(std_value, device=x.device, dtype=torch.float32)
     if eta == 0 or std_value == 0:
-        return StepResult(mean, None, mean, std)
-    return _gaussian_step(mean, std, prev_sample, generator)
+        return StepResult(mean, None, mean, std, None, x0, eps)
+    return _gaussian_step(mean, std, prev_sample, generator, None, x0, eps)

@@ -13,12 +13,14 @@ class EMA:
         self.shadow = [p.detach().clone() for p in self.parameters]
 
     @torch.no_grad()
-    def update(self, step: int) -> None:
-        """After optimizer step `step`: shadow <- decay x shadow + (1 - decay) x weights, every `interval` steps."""
+    def update(self, step: int, decay: float | None = None) -> None:
+        """After optimizer step `step`: shadow <- decay x shadow + (1 - decay) x weights, every `interval` steps
+        (`decay`: this update's, in place of the fixed one)."""
         if (step + 1) % self.interval:
             return
+        decay = self.decay if decay is None else decay
         for shadow, parameter in zip(self.shadow, self.parameters, strict=True):
-            shadow.lerp_(parameter.detach(), 1.0 - self.decay)
+            shadow.lerp_(parameter.detach(), 1.0 - decay)
 
     @contextlib.contextmanager
     @torch.no_grad()

@@ -7,12 +7,23 @@ training, so the first update's ratio is exactly 1 (the rollout's own log-probs 
 
 from __future__ import annotations
 
+import contextlib
 import math
 
 import torch
 
-from unirl_core.algorithms.losses import NEEDS_OLD_MEAN, SINGLE_UPDATE, gaussian_kl, policy_loss
+from unirl_core.algorithms.losses import (
+    LIKELIHOOD_FREE,
+    NEEDS_OLD_MEAN,
+    SINGLE_UPDATE,
+    gaussian_kl,
+    nft_loss,
+    nft_preference,
+    policy_loss,
+    prediction_mse,
+)
 from unirl_core.errors import UserError
+from unirl_core.rollout.noise import sample_seed
 
 
 class NonFiniteError(UserError, RuntimeError):
@@ -86,22 +97,57 @@ class TrainStack:
             slots.append([(int(t), micro[column == t]) for t in column.unique().tolist()])
         return slots
 
+    def _plan(self, rollout) -> list[list[tuple[torch.Tensor, list]]]:
+        """Per mini-batch, its micro-batches as (sample indices, `_slots`): the forwards a train call runs."""
+        trained = rollout.trained()
+        return [
+            [(micro, self._slots(trained, micro)) for micro in self._micro_batches(mini)]
+            for mini in self._mini_batches(len(trained))
+        ]
+
+    @staticmethod
+    def _count(minis: list) -> int:
+        return sum(len(slot) for micro_batches in minis for _, slots in micro_batches for slot in slots)
+
+    def _most(self, counts: list[int]) -> list[int]:
+        """Each count's largest value over the ranks. FSDP2's forwards and backwards are collectives, run in the same
+        order on every rank; with per-sample trained steps (`train_timesteps: random`, DiffusionNFT) ranks group their
+        samples into different numbers of forwards, so each rank pads up to the busiest (`_pad`). One all-reduce,
+        before any forward of the call."""
+        import torch.distributed as dist
+
+        if not dist.is_initialized() or dist.get_world_size() == 1:
+            return counts
+        most = torch.tensor(counts, device=self.adapter.device)
+        dist.all_reduce(most, op=dist.ReduceOp.MAX)
+        return [int(x) for x in most.tolist()]
+
+    @staticmethod
+    def _pad(items: int, most: int, item) -> None:
+        """Run `item` (a forward that keeps nothing, or a zero loss backpropagated) up to the busiest rank's count."""
+        for _ in range(most - items):
+            item()
+
     @torch.no_grad()
-    def prepare(self, rollout) -> tuple[torch.Tensor, torch.Tensor | None]:
+    def prepare(self, rollout, plan=None, most: int | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
         """pi_old's log-probs [T, B] of the trained transitions, recomputed at the training geometry, and its step
-        means [T, B, ...] when the loss reads them (else None)."""
+        means [T, B, ...] when the loss reads them (else None). `plan`, `most`: `train`'s (computed here if not)."""
+        plan = plan or self._plan(rollout)
+        most = self._most([self._count(plan)])[0] if most is None else most
         logp_old = torch.full_like(rollout.logp_TB, float("nan"))
         means = torch.empty_like(rollout.next_latents_TB) if self.algorithm.name in NEEDS_OLD_MEAN else None
-        trained = rollout.trained()
-        for mini in self._mini_batches(rollout.logp_TB.shape[1]):
-            for micro in self._micro_batches(mini):
-                for slot in self._slots(trained, micro):
+        items, last = 0, None
+        for micro_batches in plan:
+            for _, slots in micro_batches:
+                for slot in slots:
                     for t, index in slot:
                         cond = self.adapter.select(rollout.cond, index)
                         result = self._transition(rollout, t, index, cond)
                         logp_old[t, index] = result.log_prob
                         if means is not None:
                             means[t, index] = result.mean
+                        items, last = items + 1, (t, index[:1])
+        self._pad(items, most, lambda: self._transition(rollout, *last, self.adapter.select(rollout.cond, last[1])))
         return logp_old, means
 
     def _weights(self, advantages_B: torch.Tensor, micro: torch.Tensor, grouped: bool) -> torch.Tensor | None:
@@ -121,55 +167,189 @@ class TrainStack:
             kl = kl * abs(result.dt)  # flow_grpo divides by std_t^2, not (std_t^2 |dt|)
         return kl
 
+    def _item_loss(self, rollout, t, index, logp_old, means_old, advantages_B, weights):
+        """The loss of samples `index` at stored step `t` (their mean, or their `weights`' sum) and its metrics."""
+        cond = self.adapter.select(rollout.cond, index)
+        result = self._transition(rollout, t, index, cond)
+        mean_old = None if means_old is None else means_old[t, index]
+        terms, info = policy_loss(self.algorithm, result, logp_old[t, index], mean_old, advantages_B[index])
+        loss = terms.mean() if weights is None else (terms * weights[index]).sum()
+        if self.algorithm.beta > 0:
+            kl = self._kl(rollout, t, index, cond, result)
+            kl = kl.mean() if weights is None else (kl * weights[index]).sum()
+            loss = loss + self.algorithm.beta * kl
+            info["kl"] = kl.detach()
+        return loss, info
+
     def train(self, rollout, advantages_B: torch.Tensor, step: int) -> dict[str, float]:
         """`advantages_B`: float32 [B], on any device (moved to the log-probs' device: they meet in the loss)."""
-        logp_old, means_old = self.prepare(rollout)
+        plan = self._plan(rollout)
+        most = self._most([self._count(plan), *(self._count([minibatch]) for minibatch in plan)])
+        logp_old, means_old = self.prepare(rollout, plan, most[0])
         advantages_B = advantages_B.to(logp_old.device, torch.float32)
-        trained = rollout.trained()
         metrics: dict[str, list[float]] = {}
-        for mini in self._mini_batches(advantages_B.shape[0]):
+        for micro_batches, most_here in zip(plan, most[1:], strict=True):
             self.optimizer.zero_grad(set_to_none=True)
-            micro_batches = self._micro_batches(mini)
-            for micro in micro_batches:
-                slots = self._slots(trained, micro)
+            items, last = 0, None
+            for micro, slots in micro_batches:
                 weights = self._weights(advantages_B, micro, any(len(slot) > 1 for slot in slots))
                 for slot in slots:
                     for t, index in slot:
-                        cond = self.adapter.select(rollout.cond, index)
-                        result = self._transition(rollout, t, index, cond)
-                        mean_old = None if means_old is None else means_old[t, index]
-                        terms, info = policy_loss(
-                            self.algorithm, result, logp_old[t, index], mean_old, advantages_B[index]
-                        )
-                        loss = terms.mean() if weights is None else (terms * weights[index]).sum()
-                        if self.algorithm.beta > 0:
-                            kl = self._kl(rollout, t, index, cond, result)
-                            kl = kl.mean() if weights is None else (kl * weights[index]).sum()
-                            loss = loss + self.algorithm.beta * kl
-                            info["kl"] = kl.detach()
+                        loss, info = self._item_loss(rollout, t, index, logp_old, means_old, advantages_B, weights)
                         self._check_finite(loss, step, rollout, index)
                         (loss / (len(slots) * len(micro_batches))).backward()
                         for key, value in info.items():
                             metrics.setdefault(key, []).append(value.item())
                         metrics.setdefault("loss", []).append(loss.item())
-            grad_norm = clip_gradients(self.adapter.parameters(), self.algorithm.max_grad_norm)
-            if not torch.isfinite(grad_norm):
-                self.optimizer.zero_grad(set_to_none=True)
-                raise NonFiniteError(f"step {step}: non-finite gradient norm; optimizer step skipped")
-            metrics.setdefault("lr", []).append(self.optimizer.param_groups[0]["lr"])
-            self.optimizer.step()
-            self.scheduler.step()
-            metrics.setdefault("grad_norm", []).append(grad_norm.item())
+                        items, last = items + 1, (t, index[:1])
+            self._pad(items, most_here, lambda last=last: (
+                0 * self._item_loss(rollout, *last, logp_old, means_old, advantages_B, None)[0]).backward())  # fmt: skip
+            self._optimizer_step(metrics, step)
         summary = {k: sum(v) / len(v) for k, v in metrics.items()}
         summary["ratio_min"] = min(metrics["ratio_min"])
         summary["ratio_max"] = max(metrics["ratio_max"])
         return summary
+
+    def rollout_policy(self):
+        """The weights rollouts sample from: the trained ones (on-policy up to the last update)."""
+        return contextlib.nullcontext()
+
+    def states(self) -> dict:
+        """Tensor states beyond the weights and optimizer that a checkpoint must keep (none here)."""
+        return {}
+
+    def _optimizer_step(self, metrics: dict[str, list[float]], step: int) -> None:
+        """Clip the accumulated gradients, refuse a non-finite norm, step the optimizer and the LR schedule."""
+        grad_norm = clip_gradients(self.adapter.parameters(), self.algorithm.max_grad_norm)
+        if not torch.isfinite(grad_norm):
+            self.optimizer.zero_grad(set_to_none=True)
+            raise NonFiniteError(f"step {step}: non-finite gradient norm; optimizer step skipped")
+        metrics.setdefault("lr", []).append(self.optimizer.param_groups[0]["lr"])
+        self.optimizer.step()
+        self.scheduler.step()
+        metrics.setdefault("grad_norm", []).append(grad_norm.item())
 
     @staticmethod
     def _check_finite(loss, step, rollout, micro):
         if not torch.isfinite(loss):
             ids = [rollout.samples[i].sample_id for i in micro.tolist()]
             raise NonFiniteError(f"step {step}: non-finite loss for samples {ids}; optimizer step skipped")
+
+
+def old_policy_decay(algorithm, updates: int) -> float:
+    """DiffusionNFT's old-policy decay after `updates` optimizer steps: 0 before `old_decay_start`, then
+    min(old_decay_rate (updates - old_decay_start), old_decay_max) (the reference's `return_decay`)."""
+    if updates < algorithm.old_decay_start:
+        return 0.0
+    return min(algorithm.old_decay_rate * (updates - algorithm.old_decay_start), algorithm.old_decay_max)
+
+
+class NFTStack(TrainStack):
+    """DiffusionNFT (arXiv 2509.16117): rollouts come from an old policy, a lagging average of the trained weights
+    (`rollout_policy`, kept in checkpoints as `nft_old`); each sample trains J grid steps of its rollout's schedule,
+    at x_t = the family's `noised(final latent, fresh noise, step)`, on `nft_loss` with r from its advantage, plus
+    `beta` x the prediction MSE to the base model (LoRA disabled). After the step's updates the old policy moves:
+    old <- d old + (1 - d) new (`old_policy_decay`). The fresh noise of (sample, slot) derives from (rollout seed,
+    sample id) only, so any number of ranks and micro-batches train the same."""
+
+    def __init__(self, adapter, algorithm, total_updates: int = 1):
+        from unirl_core.train.ema import EMA
+
+        super().__init__(adapter, algorithm, total_updates)
+        self.old = EMA(adapter.parameters(), decay=0.0)
+
+    def rollout_policy(self):
+        return self.old.applied()
+
+    def states(self) -> dict:
+        return {"nft_old": self.old}
+
+    def _fresh_noise(self, rollout) -> torch.Tensor:
+        """[J, B, ...] float32: the noise each sample's trained slot j is noised with."""
+        x0, slots = rollout.final_latents, rollout.trained().shape[1]
+        noises = []
+        for sample in rollout.samples:
+            generator = torch.Generator().manual_seed(sample_seed(rollout.seed, f"nft:{sample.sample_id}"))
+            noises.append(torch.randn((slots, *x0.shape[1:]), generator=generator))
+        return torch.stack(noises, dim=1).to(x0.device)
+
+    def _predict(self, rollout, x_t, t: int, index: torch.Tensor):
+        cond = self.adapter.select(rollout.cond, index)
+        return self.adapter.transition(x_t, rollout.steps[t], 0.0, cond, rollout.schedule), cond
+
+    @torch.no_grad()
+    def prepare(self, rollout, plan=None, most: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+        """The noised latents x_t [J, B, ...] of every trained (slot, sample) and the old policy's x0 predictions
+        there [J, B, ...]."""
+        plan = plan or self._plan(rollout)
+        most = self._most([self._count(plan)])[0] if most is None else most
+        noise, x0 = self._fresh_noise(rollout), rollout.final_latents
+        noisy, x0_old = torch.empty_like(noise), torch.empty_like(noise)
+        items, last = 0, None
+        with self.old.applied():
+            for micro_batches in plan:
+                for _, slots in micro_batches:
+                    for j, slot in enumerate(slots):
+                        for t, index in slot:
+                            noisy[j, index] = self.adapter.noised(
+                                x0[index], noise[j, index], rollout.steps[t], rollout.schedule
+                            ).float()  # fmt: skip
+                            x0_old[j, index] = self._predict(rollout, noisy[j, index], t, index)[0].x0
+                            items, last = items + 1, (j, t, index[:1])
+            self._pad(items, most, lambda: self._predict(rollout, noisy[last[0], last[2]], *last[1:]))
+        return noisy, x0_old
+
+    def _nft_loss(self, rollout, j, t, index, noisy, x0_old, r_B, weights):
+        """The NFT loss of samples `index` at trained slot j (stored step t), summed with `weights`, and metrics."""
+        algorithm = self.algorithm
+        result, cond = self._predict(rollout, noisy[j, index], t, index)
+        terms, info = nft_loss(
+            result.x0, x0_old[j, index], rollout.final_latents[index], r_B[index], algorithm.nft_beta,
+            algorithm.adv_clip,
+        )  # fmt: skip
+        loss = (terms * weights[index]).sum()
+        if algorithm.beta > 0:
+            with torch.no_grad(), self.adapter.reference():
+                base = self.adapter.transition(noisy[j, index], rollout.steps[t], 0.0, cond, rollout.schedule)
+            kl = (prediction_mse(result.prediction, base.prediction) * weights[index]).sum()
+            loss = loss + algorithm.beta * kl
+            info["kl"] = kl.detach()
+        return loss, info
+
+    def train(self, rollout, advantages_B: torch.Tensor, step: int) -> dict[str, float]:
+        algorithm = self.algorithm
+        plan = self._plan(rollout)
+        most = self._most([self._count(plan), *(self._count([minibatch]) for minibatch in plan)])
+        noisy, x0_old = self.prepare(rollout, plan, most[0])
+        advantages_B = advantages_B.to(noisy.device, torch.float32)
+        r_B = nft_preference(advantages_B, algorithm.adv_clip)
+        metrics: dict[str, list[float]] = {}
+        for micro_batches, most_here in zip(plan, most[1:], strict=True):
+            self.optimizer.zero_grad(set_to_none=True)
+            items, last = 0, None
+            for micro, slots in micro_batches:
+                weights = self._weights(advantages_B, micro, grouped=True)
+                for j, slot in enumerate(slots):
+                    for t, index in slot:
+                        loss, info = self._nft_loss(rollout, j, t, index, noisy, x0_old, r_B, weights)
+                        self._check_finite(loss, step, rollout, index)
+                        (loss / (len(slots) * len(micro_batches))).backward()
+                        for key, value in info.items():
+                            metrics.setdefault(key, []).append(value.item())
+                        metrics.setdefault("loss", []).append(loss.item())
+                        items, last = items + 1, (j, t, index[:1])
+            self._pad(items, most_here, lambda last=last, weights=weights: (
+                0 * self._nft_loss(rollout, *last, noisy, x0_old, r_B, weights)[0]).backward())  # fmt: skip
+            self._optimizer_step(metrics, step)
+        decay = old_policy_decay(algorithm, (step + 1) * algorithm.num_updates_per_batch)
+        self.old.update(step, decay)
+        return {k: sum(v) / len(v) for k, v in metrics.items()} | {"old_decay": decay}
+
+
+def build_stack(adapter, algorithm, total_updates: int = 1) -> TrainStack:
+    """The RL train stack of `algorithm`: the likelihood-free one (DiffusionNFT) or the policy-gradient one."""
+    stack = NFTStack if algorithm.name in LIKELIHOOD_FREE else TrainStack
+    return stack(adapter, algorithm, total_updates)
 
 
 class WarmupStack:

@@ -49,11 +49,11 @@ class TrainWorker(TorchWorker):
         parallelize(self.adapter.trainable, self.adapter.blocks(), self.device, config.fsdp, self.adapter.dtype)
         if stage == "rl":
             from unirl_core.rewards.service import RewardService
-            from unirl_core.train.stack import TrainStack
+            from unirl_core.train.stack import build_stack
 
             self.rewards = RewardService.from_config(config.reward, device=str(self.device))
             updates = config.steps * config.algorithm.num_updates_per_batch
-            self.stack = TrainStack(self.adapter, config.algorithm, total_updates=updates)
+            self.stack = build_stack(self.adapter, config.algorithm, total_updates=updates)
         else:
             from unirl_core.train.stack import WarmupStack
 
@@ -65,7 +65,8 @@ class TrainWorker(TorchWorker):
     # --- RL ---------------------------------------------------------------------------------------------------
 
     def rollout(self, samples: list, step: int, want_images: list[str] = ()) -> dict[str, Any]:
-        """Roll out this rank's samples with the current weights and score them; the rollout stays here for
+        """Roll out this rank's samples with the stack's rollout policy (the current weights; DiffusionNFT's old
+        policy) and score them; the rollout stays here for
         `train`. Returns the reward components (lists in sample order) and the images of the samples whose ids are
         in `want_images` (the sample grid's: {sample id: image})."""
         from unirl_core.rollout.rollout import run_rollout
@@ -73,7 +74,10 @@ class TrainWorker(TorchWorker):
         config = self.config
         started = time.perf_counter()
         seed = config.sampling.seed + step
-        self._rollout = run_rollout(self.adapter, samples, config.sampling, config.algorithm, seed=seed, step=step)
+        with self.stack.rollout_policy():
+            self._rollout = run_rollout(
+                self.adapter, samples, config.sampling, config.algorithm, seed=seed, step=step
+            )  # fmt: skip
         rolled = time.perf_counter()
         scores = self.rewards.score(
             self._rollout.images, [s.example.prompt for s in samples], [s.sample_id for s in samples]
@@ -158,8 +162,12 @@ class TrainWorker(TorchWorker):
 
         module = self.adapter.trainable
         tensors = {"model": ModelState(module), "optim": OptimizerState(module, self.stack.optimizer)}
-        tensors |= {"ema": self.ema} if self.ema else {}
-        return RankCheckpoint(tensors, {"rng": RNGState(), "scheduler": self.stack.scheduler})
+        return RankCheckpoint(tensors | self._averages(), {"rng": RNGState(), "scheduler": self.stack.scheduler})
+
+    def _averages(self) -> dict:
+        """The checkpointed averages of the weights: the EMA, DiffusionNFT's old policy (`stack.states()`)."""
+        averages = getattr(self.stack, "states", dict)()
+        return averages | ({"ema": self.ema} if self.ema else {})
 
     def save(self, folder: str) -> dict[str, Any]:
         """This rank's part of checkpoint `folder` (a collective); returns what the commit record keeps of it."""
@@ -171,5 +179,6 @@ class TrainWorker(TorchWorker):
         named state: weights, optimizer, EMA, LR schedule and this rank's RNG."""
         states = {"rng": record["rng"][self.rank], "scheduler": record["scheduler"]}
         self._checkpoint().load(Path(folder), None if weights_only else states, weights_only)
-        if weights_only and self.ema:
-            self.ema.reset()
+        if weights_only:  # the averages restart from the loaded weights
+            for average in self._averages().values():
+                average.reset()

@@ -4,7 +4,8 @@
 Reference numbers: flow_grpo (yifan123/flow_grpo @54809b5 sd3_sde_with_logprob.py, zhtmike/flow_grpo @2e2f712
 train_sd3_GRPO_Guard.py), computed in float64 from their equations at SD3's 10-step schedule, step 4
 (sigma 0.79037 -> 0.70728, inputs rounded to 5 digits: rtol 1e-4); UniRL (Tencent-Hunyuan/UniRL @0c97cfb
-unirl/algorithms/flowdppo.py) for the divergence mask.
+unirl/algorithms/flowdppo.py) for the divergence mask; DiffusionNFT (NVlabs/DiffusionNFT train_nft_sd3.py, read in
+its verbatim fork pkuhxy/DiffusionNFT @619456a) transcribed in float64 for its loss, r and old-policy decay.
 """
 
 from __future__ import annotations
@@ -15,7 +16,15 @@ import pytest
 import torch
 
 from unirl_core.algorithms.advantages import compute_advantages
-from unirl_core.algorithms.losses import divergence_mask_loss, gaussian_kl, ppo_clip_loss, ratio_norm_loss
+from unirl_core.algorithms.losses import (
+    divergence_mask_loss,
+    gaussian_kl,
+    nft_loss,
+    nft_preference,
+    ppo_clip_loss,
+    prediction_mse,
+    ratio_norm_loss,
+)
 from unirl_core.config import RecipeError, recipe_from_tree
 from unirl_core.config.schema import AlgorithmConfig, TrainConfig
 from unirl_core.rollout.plan import plan_steps
@@ -126,6 +135,20 @@ def test_an_image_to_image_rollout_plans_from_its_first_step():
         ("dancegrpo", {"sde_type": "dance", "eta": 0.3, "train_timesteps": "random", "timestep_fraction": 0.6}),
         ("grpo_guard", {"clip_range": 2e-6, "step_rounding": "floor", "untrained_steps": "sde"}),
         ("flow_dppo", {"sde_window.mode": "subset", "kl_threshold": 1e-5, "num_updates_per_batch": 2}),
+        (
+            "diffusion_nft",
+            {
+                "nft_beta": 1.0,
+                "beta": 1e-4,
+                "group_by": "prompt",
+                "std_mode": "batch",
+                "timestep_fraction": 0.99,
+                "step_rounding": "floor",
+                "train_timesteps": "random",
+                "old_decay_rate": 0.001,
+                "old_decay_max": 0.5,
+            },
+        ),
     ],
 )
 def test_a_named_algorithm_fills_its_papers_defaults(name, expected):
@@ -252,3 +275,87 @@ def test_grouping_by_prompt_text_matches_flow_grpos_tracker(std_mode, expected):
     assert torch.allclose(advantages, torch.tensor(expected), atol=1e-5)
     by_position, _ = compute_advantages(algorithm(std_mode=std_mode), None, prompts, [1, 0.5, 2, 0.5, 4, 0.5], 2)
     assert not torch.allclose(by_position, advantages)
+
+
+# DiffusionNFT's worked case: two samples of shape [1, 1, 2] at t = 0.5 and 0.25 (the grid sigma), fresh noise
+NFT_X0 = torch.tensor([[[[0.5, -1.0]]], [[[1.0, 0.0]]]], dtype=torch.float64)
+NFT_NOISE = torch.tensor([[[[1.0, 0.0]]], [[[-1.0, 2.0]]]], dtype=torch.float64)
+NFT_T = torch.tensor([0.5, 0.25], dtype=torch.float64).view(2, 1, 1, 1)
+NFT_V_OLD = torch.tensor([[[[0.4, 1.2]]], [[[-1.5, 1.8]]]], dtype=torch.float64)
+NFT_V_NEW = torch.tensor([[[[0.6, 0.9]]], [[[-2.0, 2.1]]]], dtype=torch.float64)
+NFT_V_REF = torch.tensor([[[[0.5, 1.0]]], [[[-1.8, 2.0]]]], dtype=torch.float64)
+
+
+def nft_case(v_new, nft_beta, kl_beta=1e-4):
+    """The reference's total loss (5 x mean of the policy terms + kl_beta x velocity MSE) from velocities, through
+    x0 predictions x_t - t v as our stack feeds them; r from rewards [1.0, 0.0] of prompt 'a', [0.5, 0.7] of 'b'."""
+    config = algorithm(name="diffusion_nft")
+    advantages, _ = compute_advantages(config, None, ["a", "a", "b", "b"], [1.0, 0.0, 0.5, 0.7], group=2)
+    r = nft_preference(advantages, config.adv_clip)
+    x_t = (1 - NFT_T) * NFT_X0 + NFT_T * NFT_NOISE
+    terms, _ = nft_loss(x_t - NFT_T * v_new, x_t - NFT_T * NFT_V_OLD, NFT_X0, r[:2].double(), nft_beta, 5.0)
+    return r, terms.double().mean() + kl_beta * prediction_mse(v_new, NFT_V_REF).mean()
+
+
+def test_nft_preference_is_half_plus_the_clipped_batch_normalized_advantage_over_ten():
+    r, _ = nft_case(NFT_V_NEW, 1.0)
+    assert torch.allclose(r, torch.tensor([0.637323, 0.362677, 0.472535, 0.527465]), atol=1e-6)
+    assert nft_preference(torch.tensor([-9.0, 0.0, 9.0]), 5.0).tolist() == [0.0, 0.5, 1.0]
+
+
+@pytest.mark.parametrize(
+    ("nft_beta", "loss", "grad"),
+    [
+        (1.0, 0.6269456, [1.136668, -1.363342, -0.531112, 0.718903]),
+        (0.1, 4.6575402, [-0.198987, 0.487617, -0.232711, 0.110611]),
+    ],
+)
+def test_nft_loss_matches_the_reference_transcription(nft_beta, loss, grad):
+    """Adaptive x0 weights per term, 5 x (r pos + (1 - r) neg) / beta, + 1e-4 x the velocity MSE to the base."""
+    v_new = NFT_V_NEW.clone().requires_grad_(True)
+    _, total = nft_case(v_new, nft_beta)
+    total.backward()
+    assert total.item() == pytest.approx(loss, rel=5e-7)  # r is float32, as our advantages are
+    assert torch.allclose(v_new.grad.flatten(), torch.tensor(grad, dtype=torch.float64), atol=2e-6)
+
+
+def test_nft_gradient_at_the_old_policy_does_not_depend_on_beta():
+    """At v = v_old the loss scales as 1/beta but its gradient is 2 (2r - 1)(v_old - v) x scale, for every beta."""
+    grads, totals = [], []
+    for nft_beta in (1.0, 0.1):
+        v_new = NFT_V_OLD.clone().requires_grad_(True)
+        _, total = nft_case(v_new, nft_beta, kl_beta=0.0)
+        total.backward()
+        grads.append(v_new.grad.flatten())
+        totals.append(total.item())
+    assert totals == pytest.approx([0.4672619, 4.6726190], abs=1e-6)
+    assert torch.allclose(grads[0], grads[1], atol=1e-9)
+    assert torch.allclose(grads[0], torch.tensor([-0.228871, 0.457743, -0.245219, 0.098088], dtype=torch.float64),
+                          atol=2e-6)  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("keys", "updates", "expected"),
+    [
+        ({}, [1, 100, 500, 1000], [0.001, 0.1, 0.5, 0.5]),  # decay_type 1
+        ({"old_decay_rate": 0.0075, "old_decay_start": 75, "old_decay_max": 0.999},  # decay_type 2 (OCR)
+         [74, 75, 100, 208, 300], [0.0, 0.0, 0.1875, 0.9975, 0.999]),
+    ],
+)  # fmt: skip
+def test_old_policy_decay_follows_the_references_schedules(keys, updates, expected):
+    from unirl_core.train.stack import old_policy_decay
+
+    config = algorithm(name="diffusion_nft", **keys)
+    assert [old_policy_decay(config, n) for n in updates] == pytest.approx(expected)
+
+
+def test_every_sampler_reports_the_clean_latent_it_predicts():
+    """DiffusionNFT trains on x0 predictions: x - sigma v for flow steps (SDE, CPS, ODE), the DDIM x0 for DDIM."""
+    for eta in (0.0, 0.7):
+        result = flow_sde_step(V_OLD, X, SIGMA, SIGMA_NEXT, eta, sigma_max=SIGMA_MAX)
+        assert torch.allclose(result.x0, (X - SIGMA * V_OLD).float()) and torch.equal(result.prediction, V_OLD.float())
+    assert torch.allclose(cps_step(V_OLD, X, SIGMA, SIGMA_NEXT, 0.8).x0, (X - SIGMA * V_OLD).float())
+    from unirl_core.rollout.samplers import ddim_step
+
+    result = ddim_step(V_OLD, X, 0.3, 0.5, 0.0)
+    assert torch.allclose(result.x0, ((X - math.sqrt(0.7) * V_OLD) / math.sqrt(0.3)).float())
