@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import socket
+from pathlib import Path
 
 import pytest
 import torch
@@ -30,7 +31,7 @@ def test_two_ranks_with_per_sample_steps_train_as_one(name, tmp_path):
     out = str(tmp_path / "rank0")
     mp.spawn(train_rank, args=(2, free_port(), name, str(tmp_path / "home"), out), nprocs=2, join=True)
     two = load_file(f"{out}.safetensors")
-    two_norm = json.loads(open(f"{out}.json").read())["grad_norm"]
+    two_norm = json.loads(Path(f"{out}.json").read_text())["grad_norm"]
     weights, grad_norm = one_step(name)
     assert grad_norm == pytest.approx(two_norm, rel=1e-4)
     assert all(torch.allclose(w, two[f"{i:04d}"], atol=1e-5) for i, w in enumerate(weights))
