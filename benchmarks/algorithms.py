@@ -41,7 +41,7 @@ FAMILIES = {
     "sd15": ["train.model.family=sd15", "train.model.path=tiny:sd15", "train.algorithm.eta=1.0",
              "train.model.lora.target_modules=[to_q,to_k,to_v,to_out.0,proj_out,conv_out]"],
 }  # fmt: skip
-SD15_ONLY_SDE = {"grpo", "grpo_guard", "reinforce", "flow_grpo_fast", "mixgrpo", "flow_dppo", "diffusion_nft"}  # no `dance`
+DDIM_ALGORITHMS = set(TINY) - {"dancegrpo"}  # DDIM families (sd15) have no `dance` SDE
 WINDOW = 4
 
 
@@ -71,7 +71,7 @@ def main() -> None:
     args = parser.parse_args()
     names = [n for n in TINY if not args.only or n in args.only.split(",")]
     if args.family == "sd15":
-        names = [n for n in names if n in SD15_ONLY_SDE]
+        names = [n for n in names if n in DDIM_ALGORITHMS]
     seeds = [int(s) for s in args.seeds.split(",")]
     results = {}
     with tempfile.TemporaryDirectory() as tmp:
