@@ -167,8 +167,10 @@ class TrainStack:
             kl = kl * abs(result.dt)  # flow_grpo divides by std_t^2, not (std_t^2 |dt|)
         return kl
 
-    def _item_loss(self, rollout, t, index, logp_old, means_old, advantages_B, weights):
-        """The loss of samples `index` at stored step `t` (their mean, or their `weights`' sum) and its metrics."""
+    def _item_loss(self, rollout, j, t, index, prepared, advantages_B, weights):
+        """The loss of samples `index` at trained slot j, stored step `t` (their mean, or their `weights`' sum) and
+        its metrics; `prepared`: what `prepare` returned."""
+        logp_old, means_old = prepared
         cond = self.adapter.select(rollout.cond, index)
         result = self._transition(rollout, t, index, cond)
         mean_old = None if means_old is None else means_old[t, index]
@@ -182,29 +184,33 @@ class TrainStack:
         return loss, info
 
     def train(self, rollout, advantages_B: torch.Tensor, step: int) -> dict[str, float]:
-        """`advantages_B`: float32 [B], on any device (moved to the log-probs' device: they meet in the loss)."""
+        """`advantages_B`: float32 [B], on any device (moved to the rollout's device: they meet in the loss)."""
         plan = self._plan(rollout)
         most = self._most([self._count(plan), *(self._count([minibatch]) for minibatch in plan)])
-        logp_old, means_old = self.prepare(rollout, plan, most[0])
-        advantages_B = advantages_B.to(logp_old.device, torch.float32)
+        prepared = self.prepare(rollout, plan, most[0])
+        advantages_B = advantages_B.to(rollout.logp_TB.device, torch.float32)
         metrics: dict[str, list[float]] = {}
         for micro_batches, most_here in zip(plan, most[1:], strict=True):
             self.optimizer.zero_grad(set_to_none=True)
             items, last = 0, None
             for micro, slots in micro_batches:
                 weights = self._weights(advantages_B, micro, any(len(slot) > 1 for slot in slots))
-                for slot in slots:
+                for j, slot in enumerate(slots):
                     for t, index in slot:
-                        loss, info = self._item_loss(rollout, t, index, logp_old, means_old, advantages_B, weights)
+                        loss, info = self._item_loss(rollout, j, t, index, prepared, advantages_B, weights)
                         self._check_finite(loss, step, rollout, index)
                         (loss / (len(slots) * len(micro_batches))).backward()
                         for key, value in info.items():
                             metrics.setdefault(key, []).append(value.item())
                         metrics.setdefault("loss", []).append(loss.item())
-                        items, last = items + 1, (t, index[:1])
+                        items, last = items + 1, (j, t, index[:1])
             self._pad(items, most_here, lambda last=last: (
-                0 * self._item_loss(rollout, *last, logp_old, means_old, advantages_B, None)[0]).backward())  # fmt: skip
+                0 * self._item_loss(rollout, *last, prepared, advantages_B, None)[0]).backward())  # fmt: skip
             self._optimizer_step(metrics, step)
+        return self._summary(metrics, step)
+
+    def _summary(self, metrics: dict[str, list[float]], step: int) -> dict[str, float]:
+        """The step's metrics: means, the ratio's extremes."""
         summary = {k: sum(v) / len(v) for k, v in metrics.items()}
         summary["ratio_min"] = min(metrics["ratio_min"])
         summary["ratio_max"] = max(metrics["ratio_max"])
@@ -299,49 +305,27 @@ class NFTStack(TrainStack):
             self._pad(items, most, lambda: self._predict(rollout, noisy[last[0], last[2]], *last[1:]))
         return noisy, x0_old
 
-    def _nft_loss(self, rollout, j, t, index, noisy, x0_old, r_B, weights):
-        """The NFT loss of samples `index` at trained slot j (stored step t), summed with `weights`, and metrics."""
+    def _item_loss(self, rollout, j, t, index, prepared, advantages_B, weights):
+        noisy, x0_old = prepared
         algorithm = self.algorithm
         result, cond = self._predict(rollout, noisy[j, index], t, index)
+        r = nft_preference(advantages_B[index], algorithm.adv_clip)
         terms, info = nft_loss(
-            result.x0, x0_old[j, index], rollout.final_latents[index], r_B[index], algorithm.nft_beta,
-            algorithm.adv_clip,
+            result.x0, x0_old[j, index], rollout.final_latents[index], r, algorithm.nft_beta, algorithm.adv_clip
         )  # fmt: skip
-        loss = (terms * weights[index]).sum()
+        loss = terms.mean() if weights is None else (terms * weights[index]).sum()
         if algorithm.beta > 0:
             with torch.no_grad(), self.adapter.reference():
                 base = self.adapter.transition(noisy[j, index], rollout.steps[t], 0.0, cond, rollout.schedule)
-            kl = (prediction_mse(result.prediction, base.prediction) * weights[index]).sum()
+            kl = prediction_mse(result.prediction, base.prediction)
+            kl = kl.mean() if weights is None else (kl * weights[index]).sum()
             loss = loss + algorithm.beta * kl
             info["kl"] = kl.detach()
         return loss, info
 
-    def train(self, rollout, advantages_B: torch.Tensor, step: int) -> dict[str, float]:
-        algorithm = self.algorithm
-        plan = self._plan(rollout)
-        most = self._most([self._count(plan), *(self._count([minibatch]) for minibatch in plan)])
-        noisy, x0_old = self.prepare(rollout, plan, most[0])
-        advantages_B = advantages_B.to(noisy.device, torch.float32)
-        r_B = nft_preference(advantages_B, algorithm.adv_clip)
-        metrics: dict[str, list[float]] = {}
-        for micro_batches, most_here in zip(plan, most[1:], strict=True):
-            self.optimizer.zero_grad(set_to_none=True)
-            items, last = 0, None
-            for micro, slots in micro_batches:
-                weights = self._weights(advantages_B, micro, grouped=True)
-                for j, slot in enumerate(slots):
-                    for t, index in slot:
-                        loss, info = self._nft_loss(rollout, j, t, index, noisy, x0_old, r_B, weights)
-                        self._check_finite(loss, step, rollout, index)
-                        (loss / (len(slots) * len(micro_batches))).backward()
-                        for key, value in info.items():
-                            metrics.setdefault(key, []).append(value.item())
-                        metrics.setdefault("loss", []).append(loss.item())
-                        items, last = items + 1, (j, t, index[:1])
-            self._pad(items, most_here, lambda last=last, weights=weights: (
-                0 * self._nft_loss(rollout, *last, noisy, x0_old, r_B, weights)[0]).backward())  # fmt: skip
-            self._optimizer_step(metrics, step)
-        decay = old_policy_decay(algorithm, (step + 1) * algorithm.num_updates_per_batch)
+    def _summary(self, metrics: dict[str, list[float]], step: int) -> dict[str, float]:
+        """The step's metric means; then the old policy follows the trained one (`old_policy_decay`)."""
+        decay = old_policy_decay(self.algorithm, (step + 1) * self.algorithm.num_updates_per_batch)
         self.old.update(step, decay)
         return {k: sum(v) / len(v) for k, v in metrics.items()} | {"old_decay": decay}
 
