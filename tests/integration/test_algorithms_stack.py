@@ -160,7 +160,9 @@ def test_a_killed_run_resumes_on_the_same_windows_and_steps(recipe, tmp_path):
 
     from unirl_core.config import load_recipe
 
-    config = load_recipe(recipe, ["train.steps=8", "train.checkpoint_every=2"]).train
+    config = load_recipe(
+        recipe, ["train.steps=8", "train.checkpoint_every=2", "train.sampling.num_inference_steps=4"]
+    ).train
     uninterrupted = train_locally(config, tmp_path / "whole")
 
     def kill_at_6(row: dict) -> None:

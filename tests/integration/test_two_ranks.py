@@ -26,12 +26,22 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-@pytest.mark.parametrize("name", ["dancegrpo", "diffusion_nft"])
-def test_two_ranks_with_per_sample_steps_train_as_one(name, tmp_path):
-    out = str(tmp_path / "rank0")
-    mp.spawn(train_rank, args=(2, free_port(), name, str(tmp_path / "home"), out), nprocs=2, join=True)
-    two = load_file(f"{out}.safetensors")
-    two_norm = json.loads(Path(f"{out}.json").read_text())["grad_norm"]
+NAMES = ["dancegrpo", "diffusion_nft"]
+
+
+@pytest.fixture(scope="module")
+def two_ranks(tmp_path_factory) -> str:
+    """One spawn of two ranks running a step of each algorithm (one process start and tiny-model build for both)."""
+    folder = tmp_path_factory.mktemp("two-ranks")
+    out = str(folder / "rank0")
+    mp.spawn(train_rank, args=(2, free_port(), NAMES, str(folder / "home"), out), nprocs=2, join=True)
+    return out
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_two_ranks_with_per_sample_steps_train_as_one(name, two_ranks):
+    two = load_file(f"{two_ranks}-{name}.safetensors")
+    two_norm = json.loads(Path(f"{two_ranks}-{name}.json").read_text())["grad_norm"]
     weights, grad_norm = one_step(name)
     assert grad_norm == pytest.approx(two_norm, rel=1e-4)
     assert all(torch.allclose(w, two[f"{i:04d}"], atol=1e-5) for i, w in enumerate(weights))

@@ -13,19 +13,21 @@ import sys
 import torch
 
 
-def train_rank(rank: int, world: int, port: int, name: str, home: str, out: str) -> None:
+def train_rank(rank: int, world: int, port: int, names: list[str], home: str, out: str) -> None:
+    """One step of each algorithm in `names`; rank 0 writes `<out>-<name>.safetensors` and `.json`."""
     sys.path.insert(0, os.path.dirname(__file__))
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), UNIRL_HOME=home)
     torch.set_num_threads(1)
     torch.distributed.init_process_group("gloo", rank=rank, world_size=world, timeout=datetime.timedelta(seconds=90))
     try:
-        weights, grad_norm = one_step(name, rank, world)
-        if rank == 0:
-            from safetensors.torch import save_file
+        for name in names:
+            weights, grad_norm = one_step(name, rank, world)
+            if rank == 0:
+                from safetensors.torch import save_file
 
-            save_file({f"{i:04d}": w for i, w in enumerate(weights)}, f"{out}.safetensors")
-            with open(f"{out}.json", "w") as f:
-                json.dump({"grad_norm": grad_norm}, f)
+                save_file({f"{i:04d}": w for i, w in enumerate(weights)}, f"{out}-{name}.safetensors")
+                with open(f"{out}-{name}.json", "w") as f:
+                    json.dump({"grad_norm": grad_norm}, f)
     finally:
         torch.distributed.destroy_process_group()
 
