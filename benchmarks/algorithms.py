@@ -25,12 +25,13 @@ sys.path.insert(0, str(ROOT))
 
 from unirl_core.config import load_recipe  # noqa: E402
 
+SAME_ADVANTAGES = ["train.algorithm.std_ddof=0", "train.algorithm.adv_eps=1e-4"]  # the demo's normalization for all
 TINY = {  # algorithm -> its recipe overrides on the tiny 8-step runs (the preset fills the rest)
     "grpo": [],
     "flow_grpo_fast": ["train.algorithm.name=flow_grpo_fast"],
     "mixgrpo": ["train.algorithm.name=mixgrpo", "train.algorithm.sde_window.size=2",
-                "train.algorithm.sde_window.shift_every=4"],
-    "dancegrpo": ["train.algorithm.name=dancegrpo", "train.algorithm.eta=0.7"],
+                "train.algorithm.sde_window.shift_every=4", *SAME_ADVANTAGES],
+    "dancegrpo": ["train.algorithm.name=dancegrpo", "train.algorithm.eta=0.7", *SAME_ADVANTAGES],
     "grpo_guard": ["train.algorithm.name=grpo_guard"],
     "flow_dppo": ["train.algorithm.name=flow_dppo"],
     "reinforce": ["train.algorithm.name=reinforce"],

@@ -1,7 +1,7 @@
 """Advantages: GRPO's group normalization, DDPO's per-prompt stat tracker, clipping.
 
 rewards_B (B = prompts x samples_per_prompt, siblings adjacent) -> view [G, K]
-A = (r - mean_group) / (std_group + eps)      std per group, or one batch-wide std
+A = (r - mean_group) / (std_group + eps)      std per group, or one batch-wide std; population (ddof 0) or N - 1
 """
 
 from __future__ import annotations
@@ -12,17 +12,23 @@ import torch
 
 
 def group_advantages(
-    rewards_B: torch.Tensor, group_size: int, std_mode: str = "group", eps: float = 1e-4, clip: float | None = 5.0
+    rewards_B: torch.Tensor,
+    group_size: int,
+    std_mode: str = "group",
+    eps: float = 1e-4,
+    clip: float | None = 5.0,
+    ddof: int = 0,
 ) -> tuple[torch.Tensor, dict[str, float]]:
-    """Group-normalized advantages [B] and stats (`zero_std_ratio`: groups whose rewards are all equal)."""
+    """Group-normalized advantages [B] and stats (`zero_std_ratio`: groups whose rewards are all equal). `ddof`: 0,
+    the population std (flow_grpo's np.std), or 1, N - 1 (DanceGRPO's and MixGRPO's torch .std())."""
     if rewards_B.numel() % group_size:
         raise ValueError(f"{rewards_B.numel()} rewards do not split into groups of {group_size}")
     rewards_GK = rewards_B.double().view(-1, group_size)
     mean_G1 = rewards_GK.mean(dim=1, keepdim=True)
     if std_mode == "group":
-        std = rewards_GK.std(dim=1, keepdim=True, unbiased=False)
+        std = rewards_GK.std(dim=1, keepdim=True, correction=ddof)
     elif std_mode == "batch":
-        std = rewards_GK.std(unbiased=False).expand_as(mean_G1)
+        std = rewards_GK.std(correction=ddof).expand_as(mean_G1)
     else:
         raise ValueError(f"std_mode={std_mode!r}: choose group or batch")
     advantages = ((rewards_GK - mean_G1) / (std + eps)).view(-1)
@@ -37,18 +43,23 @@ def group_advantages(
 
 
 def prompt_group_advantages(
-    prompts: list[str], rewards_B: torch.Tensor, std_mode: str = "group", eps: float = 1e-4, clip: float | None = 5.0
+    prompts: list[str],
+    rewards_B: torch.Tensor,
+    std_mode: str = "group",
+    eps: float = 1e-4,
+    clip: float | None = 5.0,
+    ddof: int = 0,
 ) -> tuple[torch.Tensor, dict[str, float]]:
     """flow_grpo's grouping: every sample with the same prompt text is one group, wherever it sits in the batch
     (a prompt drawn twice in a step forms one group of 2K); the std per group, or one batch-wide std."""
     rewards = rewards_B.double()
     advantages = torch.empty_like(rewards)
-    batch_std = rewards.std(unbiased=False)
+    batch_std = rewards.std(correction=ddof)
     zero_std = []
     for prompt in dict.fromkeys(prompts):
         index = torch.tensor([i for i, p in enumerate(prompts) if p == prompt])
         members = rewards[index]
-        std = members.std(unbiased=False) if std_mode == "group" else batch_std
+        std = members.std(correction=ddof) if std_mode == "group" else batch_std
         advantages[index] = (members - members.mean()) / (std + eps)
         zero_std.append(float(members.max() == members.min()))
     if clip is not None:
@@ -99,10 +110,11 @@ def compute_advantages(
     +-adv_clip, and their stats. `per_prompt` normalizes by each prompt's running stats in `tracker` (flow_grpo's
     per-prompt stat tracking); the others within the batch (`group_advantages`)."""
     rewards_B = torch.tensor(rewards)
+    normalized = {"eps": algorithm.adv_eps, "clip": algorithm.adv_clip, "ddof": algorithm.std_ddof}
     if algorithm.group_by == "prompt" and algorithm.std_mode != "per_prompt":
-        return prompt_group_advantages(prompts, rewards_B, algorithm.std_mode, clip=algorithm.adv_clip)
+        return prompt_group_advantages(prompts, rewards_B, algorithm.std_mode, **normalized)
     if algorithm.std_mode != "per_prompt":
-        return group_advantages(rewards_B, group, algorithm.std_mode, clip=algorithm.adv_clip)
+        return group_advantages(rewards_B, group, algorithm.std_mode, **normalized)
     _, stats = group_advantages(rewards_B, group, "group", clip=algorithm.adv_clip)  # zero_std_ratio
     advantages = tracker.update(prompts, rewards_B).clamp(-algorithm.adv_clip, algorithm.adv_clip)
     return advantages, stats | {

@@ -208,11 +208,12 @@ PRESETS: dict[str, dict] = {
     # MixGRPO (Tencent-Hunyuan/MixGRPO, FLUX scripts): a 4-step window sliding 1 step every 25 iterations, cycling;
     # the last steps are never in it; siblings share their initial noise
     "mixgrpo": {"sde_window": {"mode": "sliding", "size": 4, "shift_every": 25, "stride": 1},
-                "exclude_last_step": True},
+                "exclude_last_step": True, "std_ddof": 1, "adv_eps": 1e-8},
     # DanceGRPO (XueZeyue/DanceGRPO, FLUX): SDE with std eta (0.3) on every step, a random int(0.6 n) of the n - 1
     # first steps trained per sample; siblings share their initial noise
     "dancegrpo": {"sde_type": "dance", "eta": 0.3, "timestep_fraction": 0.6, "step_rounding": "floor",
-                  "train_timesteps": "random", "untrained_steps": "sde", "exclude_last_step": True},
+                  "train_timesteps": "random", "untrained_steps": "sde", "exclude_last_step": True, "std_ddof": 1,
+                  "adv_eps": 1e-8},
     # GRPO-Guard (arXiv 2510.22319; flow_grpo config/grpo_guard.py): RatioNorm + 1/|dt| step reweighting, clip 2e-6,
     # Flow-GRPO's full-SDE sampler with int(0.99 n) trained steps
     "grpo_guard": {"clip_range": 2e-6, "timestep_fraction": 0.99, "step_rounding": "floor", "untrained_steps": "sde"},
@@ -316,6 +317,13 @@ class AlgorithmConfig(StrictModel):
     """Advantage normalization: `group` (GRPO: each group's mean and std), `batch` (group mean, one batch-wide std:
     steadier when rewards within a group are nearly equal), or `per_prompt` (DDPO's tracker: each prompt's recent
     rewards, see `tracker_buffer_size` and `tracker_min_count`)."""
+
+    std_ddof: Literal[0, 1] = 0
+    """`group` and `batch` std: the population std (0: flow_grpo's np.std) or the N - 1 one (1: DanceGRPO's and
+    MixGRPO's torch .std(); a group of 4 gets advantages sqrt(3/4) = 0.87x as large)."""
+
+    adv_eps: Annotated[float, Field(gt=0)] = 1e-4
+    """Added to the std before dividing (flow_grpo 1e-4; DanceGRPO and MixGRPO 1e-8)."""
 
     tracker_buffer_size: Annotated[Count, Field(ge=1)] = 32
     """`per_prompt`: rewards remembered per prompt."""

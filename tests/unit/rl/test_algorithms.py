@@ -132,7 +132,10 @@ def test_an_image_to_image_rollout_plans_from_its_first_step():
     [
         ("flow_grpo_fast", {"sde_window.mode": "random", "sde_window.size": 2}),
         ("mixgrpo", {"sde_window.mode": "sliding", "sde_window.size": 4, "sde_window.shift_every": 25}),
-        ("dancegrpo", {"sde_type": "dance", "eta": 0.3, "train_timesteps": "random", "timestep_fraction": 0.6}),
+        (
+            "dancegrpo",
+            {"sde_type": "dance", "eta": 0.3, "train_timesteps": "random", "timestep_fraction": 0.6, "std_ddof": 1},
+        ),
         ("grpo_guard", {"clip_range": 2e-6, "step_rounding": "floor", "untrained_steps": "sde"}),
         ("flow_dppo", {"sde_window.mode": "subset", "kl_threshold": 1e-5, "num_updates_per_batch": 2}),
         (
@@ -359,3 +362,13 @@ def test_every_sampler_reports_the_clean_latent_it_predicts():
 
     result = ddim_step(V_OLD, X, 0.3, 0.5, 0.0)
     assert torch.allclose(result.x0, ((X - math.sqrt(0.7) * V_OLD) / math.sqrt(0.3)).float())
+
+
+def test_dancegrpos_advantages_use_the_n_minus_1_std_plus_1e_8():
+    """DanceGRPO and MixGRPO normalize by torch's .std() (N - 1) + 1e-8: rewards [1, 2, 3, 4] of one group give
+    [-1.161895, -0.387298, 0.387298, 1.161895] (the population std would give +-1.341641, +-0.447214)."""
+    for name in ("dancegrpo", "mixgrpo"):
+        advantages, _ = compute_advantages(algorithm(name=name), None, ["a"] * 4, [1.0, 2.0, 3.0, 4.0], group=4)
+        assert torch.allclose(advantages, torch.tensor([-1.161895, -0.387298, 0.387298, 1.161895]), atol=1e-6)
+    population, _ = compute_advantages(algorithm(), None, ["a"] * 4, [1.0, 2.0, 3.0, 4.0], group=4)
+    assert torch.allclose(population, torch.tensor([-1.341521, -0.447174, 0.447174, 1.341521]), atol=1e-6)  # eps 1e-4
