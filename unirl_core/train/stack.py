@@ -280,8 +280,9 @@ class NFTStack(TrainStack):
         return torch.stack(noises, dim=1).to(x0.device)
 
     def _predict(self, rollout, x_t, t: int, index: torch.Tensor):
+        """The deterministic step of samples `index` from x_t at stored step t: its x0 and model output."""
         cond = self.adapter.select(rollout.cond, index)
-        return self.adapter.transition(x_t, rollout.steps[t], 0.0, cond, rollout.schedule), cond
+        return self.adapter.transition(x_t, rollout.steps[t], 0.0, cond, rollout.schedule)
 
     @torch.no_grad()
     def prepare(self, rollout, plan=None, most: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
@@ -300,7 +301,7 @@ class NFTStack(TrainStack):
                             noisy[j, index] = self.adapter.noised(
                                 x0[index], noise[j, index], rollout.steps[t], rollout.schedule
                             ).float()  # fmt: skip
-                            x0_old[j, index] = self._predict(rollout, noisy[j, index], t, index)[0].x0
+                            x0_old[j, index] = self._predict(rollout, noisy[j, index], t, index).x0
                             items, last = items + 1, (j, t, index[:1])
             self._pad(items, most, lambda: self._predict(rollout, noisy[last[0], last[2]], *last[1:]))
         return noisy, x0_old
@@ -308,7 +309,7 @@ class NFTStack(TrainStack):
     def _item_loss(self, rollout, j, t, index, prepared, advantages_B, weights):
         noisy, x0_old = prepared
         algorithm = self.algorithm
-        result, cond = self._predict(rollout, noisy[j, index], t, index)
+        result = self._predict(rollout, noisy[j, index], t, index)
         r = nft_preference(advantages_B[index], algorithm.adv_clip)
         terms, info = nft_loss(
             result.x0, x0_old[j, index], rollout.final_latents[index], r, algorithm.nft_beta, algorithm.adv_clip
@@ -316,7 +317,7 @@ class NFTStack(TrainStack):
         loss = terms.mean() if weights is None else (terms * weights[index]).sum()
         if algorithm.beta > 0:
             with torch.no_grad(), self.adapter.reference():
-                base = self.adapter.transition(noisy[j, index], rollout.steps[t], 0.0, cond, rollout.schedule)
+                base = self._predict(rollout, noisy[j, index], t, index)
             kl = prediction_mse(result.prediction, base.prediction)
             kl = kl.mean() if weights is None else (kl * weights[index]).sum()
             loss = loss + algorithm.beta * kl
@@ -345,6 +346,10 @@ class WarmupStack:
         self.adapter, self.max_grad_norm, self.micro_batch_size = adapter, max_grad_norm, warmup.micro_batch_size
         self.optimizer = adamw(adapter.parameters(), warmup.learning_rate)
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, lambda step: 1.0)
+
+    def states(self) -> dict:
+        """No tensor states beyond the weights and optimizer."""
+        return {}
 
     def train(self, latents: torch.Tensor, cond: dict, generators: list, step: int) -> dict[str, float]:
         """`generators`: one per sample, so the step is the same however the batch is split into micro-batches."""

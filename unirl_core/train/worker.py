@@ -166,8 +166,7 @@ class TrainWorker(TorchWorker):
 
     def _averages(self) -> dict:
         """The checkpointed averages of the weights: the EMA, DiffusionNFT's old policy (`stack.states()`)."""
-        averages = getattr(self.stack, "states", dict)()
-        return averages | ({"ema": self.ema} if self.ema else {})
+        return self.stack.states() | ({"ema": self.ema} if self.ema else {})
 
     def save(self, folder: str) -> dict[str, Any]:
         """This rank's part of checkpoint `folder` (a collective); returns what the commit record keeps of it."""
