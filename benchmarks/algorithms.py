@@ -9,7 +9,8 @@ which scale windows written for 10-28 steps to the tiny runs' 8. Every run is on
 (`unirl train --local`'s path). Printed per algorithm: the reward gain (mean of the last 4 steps minus the first 4)
 for each seed and their mean, the final reward, seconds per RL step (the first step, a warm-up, left out), and the
 ratio of that time to full-SDE `grpo`'s. Windows (flow_grpo_fast, mixgrpo, flow_dppo) train 2-3 of the 8 steps, so
-their train phase is cheaper; the rollout phase is the same for all.
+their train phase is cheaper; mixgrpo_flash also thins the ODE steps after its window (fewer rollout forwards);
+`diffusion_nft_euler` is diffusion_nft with Euler rollouts instead of the reference's DPM-Solver++ 2M.
 """
 
 from __future__ import annotations
@@ -31,11 +32,15 @@ TINY = {  # algorithm -> its recipe overrides on the tiny 8-step runs (the prese
     "flow_grpo_fast": ["train.algorithm.name=flow_grpo_fast"],
     "mixgrpo": ["train.algorithm.name=mixgrpo", "train.algorithm.sde_window.size=2",
                 "train.algorithm.sde_window.shift_every=4", *SAME_ADVANTAGES],
+    "mixgrpo_flash": ["train.algorithm.name=mixgrpo_flash", "train.algorithm.sde_window.size=2",
+                      "train.algorithm.sde_window.shift_every=4", "train.algorithm.sde_window.post_compress=0.6",
+                      *SAME_ADVANTAGES],
     "dancegrpo": ["train.algorithm.name=dancegrpo", "train.algorithm.eta=0.7", *SAME_ADVANTAGES],
     "grpo_guard": ["train.algorithm.name=grpo_guard"],
     "flow_dppo": ["train.algorithm.name=flow_dppo"],
     "reinforce": ["train.algorithm.name=reinforce"],
-    "diffusion_nft": ["train.algorithm.name=diffusion_nft"],
+    "diffusion_nft": ["train.algorithm.name=diffusion_nft"],  # DPM-Solver++ 2M rollouts, as the reference
+    "diffusion_nft_euler": ["train.algorithm.name=diffusion_nft", "train.algorithm.ode_solver=euler"],
 }  # fmt: skip
 FAMILIES = {
     "sd3": [],

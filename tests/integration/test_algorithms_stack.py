@@ -19,6 +19,7 @@ pytestmark = pytest.mark.slow
 
 WINDOWED = {  # tiny-run windows; one update, so every ratio is against the unchanged pi_old
     "mixgrpo": {"sde_window": {"size": 2}},
+    "mixgrpo_flash": {"sde_window": {"size": 2}},
     "flow_dppo": {"sde_window": {"size": 2}, "num_updates_per_batch": 1},
 }
 
@@ -50,7 +51,9 @@ def lora_weights(adapter) -> list[torch.Tensor]:
     return [p.detach().clone() for p in adapter.parameters()]
 
 
-@pytest.mark.parametrize("name", ["grpo", "flow_grpo_fast", "mixgrpo", "dancegrpo", "grpo_guard", "flow_dppo"])
+@pytest.mark.parametrize(
+    "name", ["grpo", "flow_grpo_fast", "mixgrpo", "mixgrpo_flash", "dancegrpo", "grpo_guard", "flow_dppo"]
+)
 def test_each_algorithm_trains_from_an_exact_pi_old(name):
     config, adapter, samples = setup(name=name, **WINDOWED.get(name, {}))
     rollout = run_rollout(adapter, samples, config.sampling, config.algorithm, seed=0, step=3)
@@ -60,8 +63,10 @@ def test_each_algorithm_trains_from_an_exact_pi_old(name):
     assert metrics["ratio_min"] == 1.0 and metrics["ratio_max"] == 1.0  # pi_old recomputed at the same geometry
     assert torch.isfinite(torch.tensor(metrics["loss"])) and metrics["grad_norm"] > 0
     assert any(not torch.equal(a, b) for a, b in zip(before, lora_weights(adapter), strict=True))
-    if name in ("flow_grpo_fast", "mixgrpo", "flow_dppo"):  # a window: only its steps are stored and trained
+    if name in ("flow_grpo_fast", "mixgrpo", "mixgrpo_flash", "flow_dppo"):  # a window: only its steps are trained
         assert len(rollout.steps) == 2
+    if name == "mixgrpo_flash":  # window 0-1, then the 3 ODE steps thinned to int(4 x 0.4) - 1 -> 1: grid 0, 1, 2, 5
+        assert rollout.schedule == [adapter.schedule(5, rollout.final_latents.shape[1:])[i] for i in (0, 1, 2, 5)]
     if name == "dancegrpo":  # every step but the last stochastic, int(0.6 x 4) = 2 trained per sample
         assert rollout.steps == [0, 1, 2, 3] and rollout.trained().shape == (4, 2)
 
@@ -151,17 +156,24 @@ def test_diffusion_nft_trains_the_same_whatever_the_micro_batch():
     assert torch.allclose(grads[0], grads[1], rtol=1e-4, atol=1e-7)
 
 
-@pytest.mark.parametrize("recipe", ["demo_mixgrpo", "demo_dancegrpo", "demo_diffusion_nft"])
+RESUMED = {  # recipe -> its overrides at 4 denoising steps
+    "demo_flow_grpo_fast": [], "demo_mixgrpo_flash": [], "demo_dancegrpo": [], "demo_grpo_guard": [],
+    "demo_flow_dppo": ["train.algorithm.sde_window.size=2"], "demo_diffusion_nft": [],  # 2 of the first half
+}  # fmt: skip
+
+
+@pytest.mark.parametrize("recipe", list(RESUMED))
 def test_a_killed_run_resumes_on_the_same_windows_and_steps(recipe, tmp_path):
-    """The SDE window (MixGRPO's moves every 4 steps here) and the per-sample trained steps are functions of the RL
-    step, DiffusionNFT's old policy is checkpointed: a run killed at step 6 resumes from its step-5 checkpoint to the
-    uninterrupted run, bitwise."""
+    """The SDE windows (Fast's random one, MixGRPO-Flash's sliding one with its thinned ODE steps, FlowDPPO's
+    subset) and the per-sample trained steps are functions of the RL step, DiffusionNFT's old policy is
+    checkpointed: a run killed at step 6 resumes from its step-5 checkpoint to the uninterrupted run, bitwise.
+    (`demo_mixgrpo` is `demo_mixgrpo_flash` without the thinning: the same window code.)"""
     from local_training import comparable, train_locally
 
     from unirl_core.config import load_recipe
 
     config = load_recipe(
-        recipe, ["train.steps=8", "train.checkpoint_every=2", "train.sampling.num_inference_steps=4"]
+        recipe, ["train.steps=8", "train.checkpoint_every=2", "train.sampling.num_inference_steps=4", *RESUMED[recipe]]
     ).train
     uninterrupted = train_locally(config, tmp_path / "whole")
 

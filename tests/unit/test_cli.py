@@ -47,6 +47,7 @@ def test_recipes_lists_packaged_recipes():
         "demo_flow_grpo_fast",
         "demo_grpo_guard",
         "demo_mixgrpo",
+        "demo_mixgrpo_flash",
         "flux2_klein_grpo",
         "flux_dev_grpo",
         "flux_kontext_grpo",
@@ -63,6 +64,7 @@ def test_recipes_lists_packaged_recipes():
         "sd35_medium_grpo",
         "sd35_medium_grpo_guard",
         "sd35_medium_mixgrpo",
+        "sd35_medium_mixgrpo_flash",
         "sdxl_ddpo",
     ]
 

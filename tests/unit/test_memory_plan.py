@@ -28,7 +28,8 @@ RECIPES = {  # packaged recipe -> the real variant it is written for
     "qwen_image_grpo": "qwen-image", "qwen_image_edit_grpo": "qwen-image-edit", "sdxl_ddpo": "sdxl-base-1.0",
     "sd35_medium_grpo": "sd3.5-medium", "sd35_large_grpo": "sd3.5-large",
     **{f"sd35_medium_{name}": "sd3.5-medium"
-       for name in ("flow_grpo_fast", "mixgrpo", "dancegrpo", "grpo_guard", "flow_dppo", "diffusion_nft")},
+       for name in ("flow_grpo_fast", "mixgrpo", "mixgrpo_flash", "dancegrpo", "grpo_guard", "flow_dppo",
+                    "diffusion_nft")},
 }  # fmt: skip
 
 

@@ -196,6 +196,11 @@ class SDEWindowConfig(StrictModel):
     stride: Annotated[Count, Field(ge=1)] = 1
     """`sliding`: denoising steps moved per shift."""
 
+    post_compress: Annotated[float, Field(gt=0, lt=1)] | None = None
+    """MixGRPO-Flash's `dpm_post_compress_ratio`: the k ODE steps after the window run as
+    max(int((k + 1) x ratio) - 1, 1) steps over evenly spaced grid points (25 steps, window 0-3, 0.4: 7 instead of
+    21), fewer forwards per rollout; pair it with `ode_solver: dpm2m`. Empty: every grid step runs."""
+
 
 # What each named algorithm sets when the recipe leaves a key out (the paper's or reference code's defaults; every
 # key stays overridable). `sampling.share_group_noise` is set by TrainConfig for the names in SHARED_NOISE.
@@ -209,6 +214,11 @@ PRESETS: dict[str, dict] = {
     # the last steps are never in it; siblings share their initial noise
     "mixgrpo": {"sde_window": {"mode": "sliding", "size": 4, "shift_every": 25, "stride": 1},
                 "exclude_last_step": True, "std_ddof": 1, "adv_eps": 1e-8},
+    # MixGRPO-Flash (the same repository's MixGRPO_Flash script): MixGRPO with the window moving every 20 iterations
+    # and the ODE after it on DPM-Solver++ 2M over 0.4 of its steps
+    "mixgrpo_flash": {"sde_window": {"mode": "sliding", "size": 4, "shift_every": 20, "stride": 1,
+                                     "post_compress": 0.4},
+                      "ode_solver": "dpm2m", "exclude_last_step": True, "std_ddof": 1, "adv_eps": 1e-8},
     # DanceGRPO (XueZeyue/DanceGRPO, FLUX): SDE with std eta (0.3) on every step, a random int(0.6 n) of the n - 1
     # first steps trained per sample; siblings share their initial noise
     "dancegrpo": {"sde_type": "dance", "eta": 0.3, "timestep_fraction": 0.6, "step_rounding": "floor",
@@ -221,11 +231,12 @@ PRESETS: dict[str, dict] = {
     # ODE elsewhere, a KL trust-region mask at 1e-5 instead of clipping, 2 updates per rollout
     "flow_dppo": {"sde_window": {"mode": "subset", "size": 3, "end_fraction": 0.5}, "num_updates_per_batch": 2},
     # DiffusionNFT (NVlabs/DiffusionNFT config/nft.py + base.py, SD3.5-M): ODE rollouts from the old policy, int(0.99 n)
-    # grid timesteps per sample drawn at random, advantages by prompt text over a batch-wide std, KL 1e-4 to the base
+    # grid timesteps per sample drawn at random, advantages by prompt text over a batch-wide std, KL 1e-4 to the base;
+    # its rollouts run DPM-Solver++ 2M (config/nft.py: sample.solver "dpm2")
     "diffusion_nft": {"group_by": "prompt", "std_mode": "batch", "timestep_fraction": 0.99, "step_rounding": "floor",
-                      "train_timesteps": "random", "beta": 1e-4},
+                      "train_timesteps": "random", "beta": 1e-4, "ode_solver": "dpm2m"},
 }  # fmt: skip
-SHARED_NOISE = {"mixgrpo", "dancegrpo"}
+SHARED_NOISE = {"mixgrpo", "mixgrpo_flash", "dancegrpo"}
 
 
 class AlgorithmConfig(StrictModel):
@@ -233,12 +244,21 @@ class AlgorithmConfig(StrictModel):
     A named algorithm fills the keys a recipe leaves out with its paper's defaults (`PRESETS`)."""
 
     name: Literal[
-        "grpo", "reinforce", "flow_grpo_fast", "mixgrpo", "dancegrpo", "grpo_guard", "flow_dppo", "diffusion_nft"
+        "grpo",
+        "reinforce",
+        "flow_grpo_fast",
+        "mixgrpo",
+        "mixgrpo_flash",
+        "dancegrpo",
+        "grpo_guard",
+        "flow_dppo",
+        "diffusion_nft",
     ] = "grpo"
     """`grpo`: PPO-clip on per-step ratios to pi_old (Flow-GRPO, DDPO's PPO); several updates per rollout are
     allowed. `reinforce`: the on-policy gradient -A log pi (DDPO's PG), exactly one update per rollout.
     `flow_grpo_fast`: grpo on a random 2-step SDE window, ODE elsewhere. `mixgrpo`: grpo on a sliding 4-step window
-    (moves every 25 RL steps), shared group noise. `dancegrpo`: grpo with DanceGRPO's SDE (eta 0.3) on every step,
+    (moves every 25 RL steps), shared group noise; `mixgrpo_flash`: the same, with the ODE steps after the window
+    thinned to 0.4 and run with DPM-Solver++ 2M (`post_compress`, `ode_solver`). `dancegrpo`: grpo with DanceGRPO's SDE (eta 0.3) on every step,
     a random 60% of the steps trained per sample, shared group noise. `grpo_guard`: PPO-clip on RatioNorm-ed ratios,
     each step's loss divided by |dt| (clip 2e-6). `flow_dppo`: -A ratio masked by a KL trust region
     (`kl_threshold`) instead of clipping, on 3 random SDE steps of the first half. `diffusion_nft`: DiffusionNFT's
@@ -265,6 +285,13 @@ class AlgorithmConfig(StrictModel):
     Coefficients-Preserving Sampling (`cps`, arXiv 2509.05952: std sigma_next sin(eta pi / 2), the noise level kept
     exact; flow_grpo's Fast configs use it with eta 0.8), or DanceGRPO's (`dance`, std eta sqrt(|dt|)). DDIM
     families (sd15, sdxl) take `sde` (their eta sampler) only."""
+
+    ode_solver: Literal["euler", "dpm2m"] = "euler"
+    """Deterministic (eta 0) rollout steps after the last SDE step: the family's own first-order step (`euler`:
+    flow matching's Euler step, DDIM's eta-0 step) or DPM-Solver++ 2M (`dpm2m`: second order from the previous
+    step's x0 prediction, diffusers' DPMSolverMultistepScheduler at the same model forwards; DiffusionNFT's `dpm2`
+    rollouts, MixGRPO-Flash after its window). The first and last steps stay first order. Evaluation images use
+    the family's own step (as both references evaluate)."""
 
     exclude_last_step: bool = False
     """The last denoising step (to sigma 0) is never stochastic or trained (DanceGRPO, MixGRPO; `cps` has no noise

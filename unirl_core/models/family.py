@@ -255,15 +255,23 @@ class Family(ABC):
     # flow families' samplers (`algorithm.sde_type`): Flow-GRPO's SDE, CPS, DanceGRPO's constant-std SDE
     sde_types: ClassVar[tuple[str, ...]] = ("sde", "cps", "dance")
     sde_type: str = "sde"
+    # transitions read both noise levels off the schedule list, so rollouts may thin it (`sde_window.post_compress`)
+    schedule_indexed: ClassVar[bool] = True
 
     def use_algorithm(self, algorithm) -> None:
         """Sample and train as `algorithm` says: its sampler (`sde_type`) and CFG gradient (`cfg_gradient`)."""
-        if algorithm.sde_type not in self.sde_types:
-            from unirl_core.errors import UserError
+        from unirl_core.errors import UserError
 
+        if algorithm.sde_type not in self.sde_types:
             raise UserError(
                 f"train.algorithm.sde_type: {algorithm.sde_type!r} does not apply to family {self.name!r} "
                 f"({self.sampler}); choose one of {', '.join(self.sde_types)}"
+            )
+        window = algorithm.sde_window
+        if window is not None and window.post_compress is not None and not self.schedule_indexed:
+            raise UserError(
+                f"train.algorithm.sde_window.post_compress: family {self.name!r} ({self.sampler}) does not step "
+                "along a thinned schedule; leave post_compress empty"
             )
         self.sde_type = algorithm.sde_type
         self.detach_uncond = algorithm.cfg_gradient == "detach_uncond"
@@ -282,6 +290,12 @@ class Family(ABC):
     @abstractmethod
     def noised(self, clean: torch.Tensor, noise: torch.Tensor, index: int, schedule) -> torch.Tensor:
         """x at step `index` from a clean latent (image-to-image start)."""
+
+    def noise_level(self, index: int, schedule) -> tuple[float, float]:
+        """(alpha, sigma) of x at step `index`, x = alpha x0 + sigma noise, read off `noised` (multistep ODE
+        solvers need them; steps 0 to num_steps - 1)."""
+        one, zero = torch.ones(()), torch.zeros(())
+        return float(self.noised(one, zero, index, schedule)), float(self.noised(zero, one, index, schedule))
 
     def with_condition_images(self, cond, prompts: list[str], images: list, latents: torch.Tensor):
         """`condition_mode == "reference"`: the conditioning of `prompts` given their condition images (PIL) and

@@ -10,7 +10,8 @@
 
 Windows (`algorithm.sde_window`) move with the RL step only: `fixed`, `random` (Flow-GRPO-Fast: one draw per RL
 step from (seed, step)), `sliding` (MixGRPO: `stride` steps every `shift_every` RL steps, cycling), `subset`
-(FlowDPPO: `size` distinct steps of the range per RL step). The plan is a
+(FlowDPPO: `size` distinct steps of the range per RL step); `post_compress` thins the ODE steps after the window
+(`compressed_schedule`, MixGRPO-Flash). The plan is a
 pure function of (config, RL step, sample ids), so a resumed run is on the same window as the uninterrupted one.
 """
 
@@ -94,3 +95,20 @@ def plan_steps(algorithm, first: int, num_steps: int, step: int, seed: int, samp
         generator = torch.Generator().manual_seed(sample_seed(seed, f"train-steps:{sample_id}"))
         rows.append(torch.randperm(len(candidates), generator=generator)[:count].sort().values)
     return StepPlan(candidates, torch.stack(rows) if rows else torch.zeros(0, count, dtype=torch.long))
+
+
+def compressed_schedule(algorithm, schedule: list, plan: StepPlan) -> list:
+    """`sde_window.post_compress` (MixGRPO-Flash's `dpm_post_compress_ratio`): the k = n - e deterministic steps
+    after the window (e = one past its last step) run as max(int((k + 1) x ratio) - 1, 1) steps between grid points
+    e, ..., n evenly spaced by index (rounded), fewer model forwards for the same start and end. The steps up to e
+    keep the grid, so the window's stored transitions re-evaluate at the same noise levels. Without a window or a
+    ratio, `schedule` as it is."""
+    window = algorithm.sde_window
+    if window is None or window.post_compress is None or not plan.sde:
+        return schedule
+    n, end = len(schedule) - 1, max(plan.sde) + 1
+    steps = max(int((n - end + 1) * window.post_compress) - 1, 1)
+    if end >= n or steps >= n - end:
+        return schedule
+    points = torch.linspace(end, n, steps + 1).round().long().tolist()
+    return schedule[:end] + [schedule[i] for i in points]

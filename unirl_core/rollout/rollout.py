@@ -14,14 +14,15 @@ from unirl_core.algorithms.losses import LIKELIHOOD_FREE
 from unirl_core.data.groups import RolloutSample
 from unirl_core.rollout.conditions import ConditionLatents, condition_uri
 from unirl_core.rollout.noise import sample_generators
-from unirl_core.rollout.plan import plan_steps
+from unirl_core.rollout.ode import OdeSteps
+from unirl_core.rollout.plan import compressed_schedule, plan_steps
 
 
 @dataclass
 class Rollout:
     samples: list[RolloutSample]
     cond: dict  # conditioning of every sample (CFG halves when guidance is on)
-    schedule: list  # sigmas (flow) or timesteps (DDIM), num_steps + 1 values
+    schedule: list  # sigmas (flow) or timesteps (DDIM), one more than the steps run (`compressed_schedule`)
     steps: list[int]  # indices of the stochastic (SDE) steps, whose transitions are stored
     latents_TB: torch.Tensor  # [T, B, C, h, w] float32, x before each stochastic step
     next_latents_TB: torch.Tensor  # [T, B, C, h, w] float32, x after it
@@ -54,7 +55,8 @@ def run_rollout(
     and the SDE steps' noise from one generator per sample, so a sample rolls out the same on any number of ranks.
     Which steps are stochastic and trained: `plan_steps` at RL step `step` (SDE windows move with it). A
     likelihood-free algorithm (DiffusionNFT) rolls out with the ODE (eta 0) and stores no transitions: `steps` are
-    then the grid steps it may train on, at fresh noisings of `final_latents`."""
+    then the grid steps it may train on, at fresh noisings of `final_latents`. Deterministic steps run
+    `algorithm.ode_solver` after the last SDE step (`OdeSteps`), on the grid `compressed_schedule` leaves."""
     adapter.use_algorithm(algorithm)
     cond = adapter.encode([s.example.prompt for s in samples])
     shape = adapter.latent_shape(sampling.height, sampling.width)
@@ -79,10 +81,14 @@ def run_rollout(
             start = start_step(sampling.num_inference_steps, sampling.condition_strength)
             x = adapter.noised(clean, x, start, schedule).float()
     plan = plan_steps(algorithm, start, sampling.num_inference_steps, step, seed, [s.sample_id for s in samples])
+    schedule = compressed_schedule(algorithm, schedule, plan)
+    num_steps = len(schedule) - 1
     before, after, logps = [], [], []
     generators = sample_generators(seed, [f"sde:{s.sample_id}" for s in samples], device=x.device)
     likelihood_free = algorithm.name in LIKELIHOOD_FREE
-    for index in range(start, sampling.num_inference_steps):
+    first_multistep = max(plan.sde) + 1 if plan.sde and not likelihood_free else start
+    ode = OdeSteps(algorithm.ode_solver, lambda i: adapter.noise_level(i, schedule), num_steps, first_multistep)
+    for index in range(start, num_steps):
         stochastic = index in plan.sde and not likelihood_free
         result = adapter.transition(
             x, index, algorithm.eta if stochastic else 0.0, cond, schedule, generator=generators
@@ -91,7 +97,7 @@ def run_rollout(
             before.append(x)
             after.append(result.sample)
             logps.append(result.log_prob)
-        x = result.sample
+        x = ode(index, result, stochastic)
     empty = x.new_zeros(0, *x.shape)  # nothing stored (likelihood-free): [0, B, ...]
     stored = ((before, empty), (after, empty), (logps, x.new_zeros(0, len(samples))))
     stacks = [torch.stack(values) if values else nothing for values, nothing in stored]

@@ -73,6 +73,7 @@ class SDXLFamily(PooledConditioning, Family):
     text_only_skip = ("unet", "vae", "image_encoder", "feature_extractor")
     sampler = "DDIM + eta"
     sde_types = ("sde",)  # `sde` is the DDIM eta sampler here
+    schedule_indexed = False  # the next timestep is DDIMScheduler.step's t - 1000 // n, not the schedule's next entry
     # diffusers' examples/dreambooth/train_dreambooth_lora_sdxl.py (the UNet's attention projections)
     lora_targets: ClassVar[tuple[str, ...]] = ("to_k", "to_q", "to_v", "to_out.0")
     denoiser_configs: ClassVar[dict[str, dict]] = {"sdxl-base-1.0": SDXL_BASE_UNET}
