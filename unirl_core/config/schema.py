@@ -345,7 +345,7 @@ class AlgorithmConfig(StrictModel):
     steadier when rewards within a group are nearly equal), or `per_prompt` (DDPO's tracker: each prompt's recent
     rewards, see `tracker_buffer_size` and `tracker_min_count`)."""
 
-    std_ddof: Literal[0, 1] = 0
+    std_ddof: Annotated[int, Field(ge=0, le=1)] = 0
     """`group` and `batch` std: the population std (0: flow_grpo's np.std) or the N - 1 one (1: DanceGRPO's and
     MixGRPO's torch .std(); a group of 4 gets advantages sqrt(3/4) = 0.87x as large)."""
 

@@ -372,3 +372,12 @@ def test_dancegrpos_advantages_use_the_n_minus_1_std_plus_1e_8():
         assert torch.allclose(advantages, torch.tensor([-1.161895, -0.387298, 0.387298, 1.161895]), atol=1e-6)
     population, _ = compute_advantages(algorithm(), None, ["a"] * 4, [1.0, 2.0, 3.0, 4.0], group=4)
     assert torch.allclose(population, torch.tensor([-1.341521, -0.447174, 0.447174, 1.341521]), atol=1e-6)  # eps 1e-4
+
+
+def test_the_advantage_conventions_are_settable_from_the_command_line():
+    """`--set train.algorithm.std_ddof=1` arrives as the string '1' (as every scalar override does)."""
+    smoke = {"train": {"data": {"source": "smoke"}}}
+    config = recipe_from_tree(smoke, ["train.algorithm.std_ddof=1", "train.algorithm.adv_eps=1e-8"]).train.algorithm
+    assert config.std_ddof == 1 and config.adv_eps == 1e-8
+    with pytest.raises(RecipeError, match="train.algorithm.std_ddof: got '2'"):
+        recipe_from_tree(smoke, ["train.algorithm.std_ddof=2"])
