@@ -97,13 +97,13 @@ def main() -> None:
         f"\n{args.family}, {args.steps} RL steps, {args.inference_steps} denoising steps, seeds {seeds}, "
         "jpeg_compressibility (-kB; higher is better)"
     )
-    print(f"{'algorithm':<16} {'gain per seed':<26} {'mean gain':>9} {'final':>8} {'s/step':>7} {'train s':>7} "
+    print(f"{'algorithm':<20} {'gain per seed':<26} {'mean gain':>9} {'final':>8} {'s/step':>7} {'train s':>7} "
           f"{'vs grpo':>8}")  # fmt: skip
     for name, (gains, finals, step_seconds, train_seconds) in results.items():
         ratio = f"{step_seconds / base:.2f}x" if base else "-"
         per_seed = " ".join(f"{g:+.3f}" for g in gains)
         print(
-            f"{name:<16} {per_seed:<26} {statistics.mean(gains):>+9.3f} {statistics.mean(finals):>8.3f} "
+            f"{name:<20} {per_seed:<26} {statistics.mean(gains):>+9.3f} {statistics.mean(finals):>8.3f} "
             f"{step_seconds:>7.2f} {train_seconds:>7.2f} {ratio:>8}"
         )
 
