@@ -18,6 +18,7 @@ import typer
 from typer.core import TyperGroup
 
 from flows.cli_bagel import bagel_app
+from flows.cli_rewards import rewards_app
 from unirl_core.errors import UserError
 
 if TYPE_CHECKING:
@@ -51,6 +52,7 @@ app.add_typer(prompts_app, name="prompts")
 shards_app = typer.Typer(help="Inspect WebDataset shards written by `unirl ingest`.", no_args_is_help=True)
 app.add_typer(shards_app, name="shards")
 app.add_typer(bagel_app, name="bagel")
+app.add_typer(rewards_app, name="rewards")
 
 
 def _print_version(value: bool) -> None:

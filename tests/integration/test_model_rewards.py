@@ -110,3 +110,47 @@ def test_service_from_config_builds_model_rewards(clip_folder, images, tmp_path,
     unused = config.model_copy(update={"guards": []})
     RewardService.from_config(unused)
     assert "reward.aesthetic is set but aesthetic is neither weighted nor a guard" in caplog.text
+
+
+@pytest.fixture(scope="module")
+def pickscore_folders(tmp_path_factory):
+    """PickScore's layout: the model folder without a processor, the CLIP-H processor in its own folder."""
+    from unirl_core.models.tiny_clip import build_tiny_clip
+
+    root = tmp_path_factory.mktemp("pickscore")
+    model, processor = build_tiny_clip(seed=3)
+    model.save_pretrained(root / "PickScore_v1", safe_serialization=True)
+    processor.save_pretrained(root / "processor")
+    return root / "PickScore_v1", root / "processor"
+
+
+def test_pickscore_equals_the_reference_scorer(pickscore_folders, images):
+    """yuvalkirstain/PickScore's README (@013b54d) scorer, run as written on the same tiny weights: AutoProcessor
+    and AutoModel, padding to the longest prompt, get_*_features, L2 norms, exp(logit_scale) x text @ image.T."""
+    from transformers import AutoModel, AutoProcessor
+
+    from unirl_core.rewards.clip import PickScore
+
+    model_folder, processor_folder = pickscore_folders
+    ours = PickScore(model_folder, processor_folder, batch_size=3)(images, PROMPTS)
+    processor, model = AutoProcessor.from_pretrained(processor_folder), AutoModel.from_pretrained(model_folder)
+    reference = []
+    with torch.no_grad():
+        for image, prompt in zip(images, PROMPTS, strict=True):
+            image_inputs = processor(images=[image], padding=True, truncation=True, max_length=77, return_tensors="pt")
+            text_inputs = processor(text=[prompt], padding=True, truncation=True, max_length=77, return_tensors="pt")
+            image_embs = model.get_image_features(**image_inputs)
+            image_embs = getattr(image_embs, "pooler_output", image_embs)
+            image_embs = image_embs / torch.norm(image_embs, dim=-1, keepdim=True)
+            text_embs = model.get_text_features(**text_inputs)
+            text_embs = getattr(text_embs, "pooler_output", text_embs)
+            text_embs = text_embs / torch.norm(text_embs, dim=-1, keepdim=True)
+            reference.append(float(model.logit_scale.exp() * (text_embs @ image_embs.T)[0][0]))
+    assert np.allclose(ours, reference, atol=1e-4) and len(set(np.round(ours, 3))) == 4
+
+
+def test_pickscore_names_its_missing_processor(pickscore_folders):
+    from unirl_core.rewards.clip import PickScore
+
+    with pytest.raises(FileNotFoundError, match=r"CLIP processor folder .* has no \(pre\)processor_config.json"):
+        PickScore(pickscore_folders[0])  # the processor is in its own folder: processor_path is needed

@@ -422,6 +422,22 @@ class ClipRewardConfig(StrictModel):
     """Per rank: images (and prompts) per CLIP forward."""
 
 
+class PickScoreRewardConfig(StrictModel):
+    """Settings of the `pickscore` reward (yuvalkirstain/PickScore): exp(logit_scale) x cosine(image, prompt) of the
+    PickScore CLIP-H model, about 18-23 on real images. flow_grpo divides it by 26: weight it 0.03846 for its scale."""
+
+    model_path: OptionalStr = None
+    """Local folder of the PickScore model (a `save_pretrained` copy of yuvalkirstain/PickScore_v1: CLIPModel
+    weights and config). Recipes usually read it from `${env:PICKSCORE_PATH}`."""
+
+    processor_path: OptionalStr = None
+    """Local folder of its CLIP processor (tokenizer + image processor; the reference uses
+    laion/CLIP-ViT-H-14-laion2B-s32B-b79K's). Empty: `model_path` (when the processor was saved there)."""
+
+    batch_size: Annotated[Count, Field(ge=1)] = 16
+    """Per rank: images (and prompts) per forward."""
+
+
 class AestheticRewardConfig(StrictModel):
     """Settings of the `aesthetic` reward: LAION's aesthetic predictor head on a CLIP image embedding."""
 
@@ -481,7 +497,7 @@ class RewardConfig(StrictModel):
     """How images are scored: a weighted sum of named rewards, plus guards that are scored but not trained on.
 
     Names: the weight-free ones (unirl_core/rewards/functions.py), `clip_score` (needs `clip`), `aesthetic` (needs
-    `aesthetic`), and every key of `remote`."""
+    `aesthetic`), `pickscore` (needs `pickscore`), and every key of `remote`."""
 
     weights: dict[str, float] = {"jpeg_compressibility": 1.0}
     """Reward name -> weight in the total reward."""
@@ -494,6 +510,9 @@ class RewardConfig(StrictModel):
 
     aesthetic: AestheticRewardConfig | None = None
     """The CLIP and head of `aesthetic`; required when `aesthetic` is weighted or a guard."""
+
+    pickscore: PickScoreRewardConfig | None = None
+    """The PickScore model of `pickscore`; required when `pickscore` is weighted or a guard."""
 
     remote: dict[str, RemoteScorerConfig] = {}
     """Remote scorers by reward name: each key can be weighted or guarded like a built-in reward."""
@@ -520,8 +539,10 @@ class RewardConfig(StrictModel):
     def _missing_model_paths(self) -> Iterator[Problem]:
         used = set(self.weights) | set(self.guards)
         clip, aesthetic = self.clip or ClipRewardConfig(), self.aesthetic or AestheticRewardConfig()
+        pickscore = self.pickscore or PickScoreRewardConfig()
         required = [
             ("clip_score", "clip.model_path", clip.model_path, "a local CLIP folder (or drop clip_score)"),
+            ("pickscore", "pickscore.model_path", pickscore.model_path, "a local copy of yuvalkirstain/PickScore_v1"),
             ("aesthetic", "aesthetic.clip_model_path", aesthetic.clip_model_path, "a local CLIP ViT-L/14 folder"),
             ("aesthetic", "aesthetic.head_path", aesthetic.head_path, "the head's .safetensors file"),
         ]

@@ -57,8 +57,11 @@ class LoadedClip:
         return F.normalize(self.model.text_projection(pooled.pooler_output).float(), dim=-1)
 
 
-def load_clip(path: str | Path, device: str | torch.device = "cpu") -> LoadedClip:
-    """The CLIP checkpoint in folder `path` on `device`, loaded on the first call and shared by later ones."""
+def load_clip(
+    path: str | Path, device: str | torch.device = "cpu", processor_path: str | Path | None = None
+) -> LoadedClip:
+    """The CLIP checkpoint in folder `path` on `device` (its processor from `processor_path`, default `path`),
+    loaded on the first call and shared by later ones."""
     folder = Path(path).expanduser().resolve()
     if not (folder / "config.json").is_file():
         raise FileNotFoundError(
@@ -66,15 +69,22 @@ def load_clip(path: str | Path, device: str | torch.device = "cpu") -> LoadedCli
             "CLIPModel.save_pretrained (with its tokenizer and image processor), e.g. a copy of "
             "openai/clip-vit-large-patch14; nothing is downloaded"
         )
-    return _load_clip(str(folder), str(torch.device(device)))
+    processor = Path(processor_path).expanduser().resolve() if processor_path else folder
+    if not any((processor / name).is_file() for name in ("processor_config.json", "preprocessor_config.json")):
+        raise FileNotFoundError(
+            f"CLIP processor folder {str(processor_path or path)!r} has no (pre)processor_config.json: give a folder "
+            "written by CLIPProcessor.save_pretrained (tokenizer + image processor), e.g. a copy of "
+            "laion/CLIP-ViT-H-14-laion2B-s32B-b79K; nothing is downloaded"
+        )
+    return _load_clip(str(folder), str(torch.device(device)), str(processor))
 
 
 @functools.cache
-def _load_clip(folder: str, device: str) -> LoadedClip:
+def _load_clip(folder: str, device: str, processor_folder: str) -> LoadedClip:
     from transformers import CLIPModel, CLIPProcessor
 
     model = CLIPModel.from_pretrained(folder, local_files_only=True, dtype=torch.float32)
-    processor = CLIPProcessor.from_pretrained(folder, local_files_only=True)
+    processor = CLIPProcessor.from_pretrained(processor_folder, local_files_only=True)
     return LoadedClip(model.to(device).eval().requires_grad_(False), processor, torch.device(device))
 
 
@@ -84,11 +94,12 @@ def in_batches(embed: Callable[[Sequence], torch.Tensor], items: Sequence, batch
 
 
 class ClipScore:
-    """The `clip_score` reward: 100 x cosine(image, prompt) per sample."""
+    """The `clip_score` reward: 100 x cosine(image, prompt) per sample (`scale`)."""
 
     def __init__(self, model_path: str | Path, device: str | torch.device = "cpu", batch_size: int = 32):
         self.clip = load_clip(model_path, device)
         self.batch_size = batch_size
+        self.scale = 100.0
 
     def __call__(
         self, images: Sequence[Image.Image], prompts: Sequence[str], sample_ids: Sequence[str] = ()
@@ -99,4 +110,20 @@ class ClipScore:
             return np.zeros(0)
         image_BD = in_batches(self.clip.embed_images, list(images), self.batch_size)
         text_BD = in_batches(self.clip.embed_texts, list(prompts), self.batch_size)
-        return (100.0 * (image_BD * text_BD).sum(dim=-1)).cpu().double().numpy()
+        return (self.scale * (image_BD * text_BD).sum(dim=-1)).cpu().double().numpy()
+
+
+class PickScore(ClipScore):
+    """The `pickscore` reward (yuvalkirstain/PickScore's README, flow_grpo's scorer before its / 26): the L2-normalized
+    image and prompt embeddings of the PickScore model, their dot product times exp(logit_scale)."""
+
+    def __init__(
+        self,
+        model_path: str | Path,
+        processor_path: str | Path | None = None,
+        device: str | torch.device = "cpu",
+        batch_size: int = 16,
+    ):
+        self.clip = load_clip(model_path, device, processor_path)
+        self.batch_size = batch_size
+        self.scale = float(self.clip.model.logit_scale.exp())

@@ -5,7 +5,11 @@ from __future__ import annotations
 
 from unirl_core.rewards.functions import REWARDS
 
-MODEL_REWARDS = {"clip_score": "clip", "aesthetic": "aesthetic"}  # reward name -> its RewardConfig section
+MODEL_REWARDS = {
+    "clip_score": "clip",
+    "aesthetic": "aesthetic",
+    "pickscore": "pickscore",
+}  # reward name -> its RewardConfig section
 
 
 def builtin_names() -> set[str]:

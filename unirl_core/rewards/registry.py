@@ -5,6 +5,7 @@
 | (weight-free) | image stats  | nothing                          | functions.py  |
 | clip_score    | CLIP model   | `reward.clip`                    | clip.py       |
 | aesthetic     | CLIP + head  | `reward.aesthetic`               | aesthetic.py  |
+| pickscore     | CLIP-H       | `reward.pickscore`               | clip.py       |
 | <any key>     | HTTP server  | `reward.remote.<key>`            | remote.py     |
 
 Only the rewards a recipe weights or guards are built; a configured but unused one is skipped with a warning.
@@ -44,7 +45,33 @@ def _aesthetic(config: RewardConfig, device: str) -> Scorer:
     return AestheticScore(settings.clip_model_path, settings.head_path, device, settings.batch_size)
 
 
-_FACTORIES: dict[str, Callable[[RewardConfig, str], Scorer]] = {"clip_score": _clip_score, "aesthetic": _aesthetic}
+def _pickscore(config: RewardConfig, device: str) -> Scorer:
+    from unirl_core.rewards.clip import PickScore
+
+    settings = config.pickscore
+    return PickScore(settings.model_path, settings.processor_path, device, settings.batch_size)
+
+
+_FACTORIES: dict[str, Callable[[RewardConfig, str], Scorer]] = {
+    "clip_score": _clip_score, "aesthetic": _aesthetic, "pickscore": _pickscore,
+}  # fmt: skip
+
+
+# name -> (what it scores, what it needs): `unirl rewards list`
+DESCRIPTIONS: dict[str, tuple[str, str]] = {
+    "jpeg_compressibility": ("-(JPEG quality-95 size in kB) (DDPO's)", "nothing"),
+    "jpeg_incompressibility": ("+(JPEG quality-95 size in kB)", "nothing"),
+    "brightness": ("mean luma in [0, 1]", "nothing"),
+    "dark_fraction": ("fraction of pixels with luma < 0.1", "nothing"),
+    "edge_density": ("fraction of pixels whose luma gradient exceeds 0.1", "nothing"),
+    "colour_entropy": ("entropy (bits) of the 4-bit-per-channel colour histogram", "nothing"),
+    "clip_score": ("100 x cosine(CLIP image, CLIP prompt)", "reward.clip.model_path: a CLIP folder"),
+    "aesthetic": ("LAION's aesthetic head on CLIP ViT-L/14", "reward.aesthetic.{clip_model_path, head_path}"),
+    "pickscore": (
+        "PickScore: exp(logit_scale) x cosine (about 18-23)",
+        "reward.pickscore.{model_path, processor_path}: PickScore_v1 + the CLIP-H processor",
+    ),
+}
 
 
 def build_scorers(config: RewardConfig, device: str = "cpu") -> dict[str, Scorer]:
