@@ -19,6 +19,7 @@ from typer.core import TyperGroup
 
 from flows.cli_bagel import bagel_app
 from flows.cli_rewards import rewards_app
+from flows.cli_tables import echo_table
 from unirl_core.errors import UserError
 
 if TYPE_CHECKING:
@@ -629,9 +630,7 @@ def families() -> None:
         cls = family_class(name)
         rows.append((name, cls.pipeline_class, cls.denoiser_name, cls.sampler, cls.guidance,
                      modes.get(cls.condition_mode, cls.condition_mode)))  # fmt: skip
-    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
-    for row in rows:
-        typer.echo("  ".join(cell.ljust(width) for cell, width in zip(row, widths, strict=True)).rstrip())
+    echo_table(rows)
 
 
 @app.command("tiny-models")

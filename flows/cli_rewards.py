@@ -9,17 +9,12 @@ from typing import Annotated
 
 import typer
 
+from flows.cli_tables import echo_table
 from unirl_core.errors import UserError
 
 rewards_app = typer.Typer(help="List, try and check rewards (`train.reward`).", no_args_is_help=True)
 
 SET_HELP = "Override a recipe value: dotted.key=value (repeatable), e.g. train.reward.pickscore.model_path=DIR."
-
-
-def _table(rows: list[tuple[str, ...]]) -> None:
-    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
-    for row in rows:
-        typer.echo("  ".join(cell.ljust(width) for cell, width in zip(row, widths, strict=True)).rstrip())
 
 
 def _reward_config(recipe: str | None, overrides: list[str] | None):
@@ -39,7 +34,7 @@ def rewards_list() -> None:
     rows = [("reward", "scores", "needs")]
     rows += [(name, what, needs) for name, (what, needs) in DESCRIPTIONS.items()]
     rows.append(("<any key>", "an HTTP scorer's score (the remote contract)", "reward.remote.<key>.url"))
-    _table(rows)
+    echo_table(rows)
 
 
 @rewards_app.command("score")
@@ -85,7 +80,7 @@ def rewards_score(
     for i, path in enumerate(images):
         shown = prompts[i] if len(prompts[i]) <= 40 else prompts[i][:37] + "..."
         rows.append((str(path), shown, *(f"{scores[name][i]:.4f}" for name in reward)))
-    _table(rows)
+    echo_table(rows)
 
 
 @rewards_app.command("check")
@@ -124,4 +119,4 @@ def rewards_check(
         per_image = (time.perf_counter() - loaded) / batch
         rows.append((name, role, f"{loaded - started:.2f}", f"{per_image:.4f}", f"{scores.min():.4f}",
                      f"{scores.max():.4f}"))  # fmt: skip
-    _table(rows)
+    echo_table(rows)
