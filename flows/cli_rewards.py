@@ -45,6 +45,9 @@ def rewards_score(
     prompts_file: Annotated[
         Path | None, typer.Option(help="One prompt per line, one line per image, in order.")
     ] = None,
+    metadata_file: Annotated[
+        Path | None, typer.Option(help="JSONL: one object per image, in order (GenEval's record, for geneval).")
+    ] = None,
     recipe: Annotated[str | None, typer.Option(help="Take `train.reward` (model folders) from this recipe.")] = None,
     set_: Annotated[list[str] | None, typer.Option("--set", "-s", help=SET_HELP)] = None,
 ) -> None:
@@ -75,12 +78,32 @@ def rewards_score(
         service = RewardService(config.weights, [], build_scorers(config))
     except (ValueError, FileNotFoundError) as exc:
         raise UserError(str(exc)) from None
-    scores = service.score(loaded, prompts, [str(p) for p in images])
+    metadata = _metadata(metadata_file, len(images)) if metadata_file else None
+    scores = service.score(loaded, prompts, [str(p) for p in images], metadata)
     rows = [("image", "prompt", *reward)]
     for i, path in enumerate(images):
         shown = prompts[i] if len(prompts[i]) <= 40 else prompts[i][:37] + "..."
         rows.append((str(path), shown, *(f"{scores[name][i]:.4f}" for name in reward)))
     echo_table(rows)
+
+
+def _metadata(path: Path, count: int) -> list[dict]:
+    import json
+
+    records = []
+    for number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
+        try:
+            record = json.loads(line)
+        except ValueError as exc:
+            raise UserError(f"--metadata-file {path} line {number}: not JSON ({exc})") from None
+        if not isinstance(record, dict):
+            raise UserError(
+                f"--metadata-file {path} line {number}: a JSON object per line, got {type(record).__name__}"
+            )
+        records.append(record)
+    if len(records) != count:
+        raise UserError(f"--metadata-file {path} has {len(records)} lines for {count} images: one each")
+    return records
 
 
 @rewards_app.command("check")
@@ -89,13 +112,14 @@ def rewards_check(
     batch: Annotated[int, typer.Option(help="Placeholder images scored per reward.", min=1)] = 8,
     set_: Annotated[list[str] | None, typer.Option("--set", "-s", help=SET_HELP)] = None,
 ) -> None:
-    """Load every reward RECIPE weights or guards and score a batch of placeholder images at its sampling size:
-    the load time, the seconds per image and the scores' range, per reward. Exit 2 if one cannot load."""
+    """Load every reward RECIPE weights or guards and score a batch of placeholder images at its sampling size with
+    the recipe's first prompts (and their metadata): the load time, the seconds per image and the scores' range, per
+    reward. Exit 2 if one cannot load or score."""
     import numpy as np
     from PIL import Image
 
     from unirl_core.config import load_recipe
-    from unirl_core.data.sources import SMOKE_PROMPTS
+    from unirl_core.data.sources import build_source
     from unirl_core.rewards.registry import build_scorers
     from unirl_core.rewards.service import RewardService
 
@@ -104,7 +128,12 @@ def rewards_check(
     rng = np.random.default_rng(0)
     images = [Image.fromarray(rng.integers(0, 256, (sampling.height, sampling.width, 3), dtype=np.uint8))
               for _ in range(batch)]  # fmt: skip
-    prompts = [SMOKE_PROMPTS[i % len(SMOKE_PROMPTS)] for i in range(batch)]
+    try:
+        examples = build_source(train.data).next_batch()
+    except (OSError, ValueError) as exc:
+        raise UserError(f"train.data: cannot read the recipe's prompts ({exc})") from None
+    examples = [examples[i % len(examples)] for i in range(batch)]
+    prompts, metadata = [e.prompt for e in examples], [e.metadata for e in examples]
     rows = [("reward", "role", "load s", "s/image", "min", "max")]
     for name in [*config.weights, *[g for g in config.guards if g not in config.weights]]:
         role = f"weight {config.weights[name]:g}" if name in config.weights else "guard"
@@ -115,7 +144,10 @@ def rewards_check(
         except (ValueError, FileNotFoundError, OSError) as exc:
             raise UserError(f"reward {name}: {exc}") from None
         loaded = time.perf_counter()
-        scores = service.score(images, prompts, [f"check:{i}" for i in range(batch)])[name]
+        try:
+            scores = service.score(images, prompts, [f"check:{i}" for i in range(batch)], metadata)[name]
+        except ValueError as exc:
+            raise UserError(f"reward {name}: {exc}") from None
         per_image = (time.perf_counter() - loaded) / batch
         rows.append((name, role, f"{loaded - started:.2f}", f"{per_image:.4f}", f"{scores.min():.4f}",
                      f"{scores.max():.4f}"))  # fmt: skip

@@ -74,3 +74,28 @@ def test_bad_input_exits_2_with_one_line(pictures, tmp_path, arguments, message)
     arguments = [str(prompts) if a == "PROMPTS" else a for a in arguments]
     result = runner.invoke(app, ["rewards", "score", *map(str, pictures), *arguments])
     assert result.exit_code == 2 and message in result.stderr and "Traceback" not in result.output
+
+
+@pytest.mark.slow
+def test_score_gives_each_image_its_metadata_record(pictures, tmp_path):
+    """`geneval` reads each image's GenEval record from --metadata-file (one JSON object per line), as the training
+    workers pass each prompt's `metadata`; a missing record is refused naming the image."""
+    import json
+
+    from unirl_core.models.tiny_clip import write_tiny_clip
+    from unirl_core.models.tiny_owl import write_tiny_owl
+    from unirl_core.rewards.geneval import GenEvalScore
+
+    owl, clip = write_tiny_owl(tmp_path / "owl"), write_tiny_clip(tmp_path / "clip")
+    records = [{"tag": "single_object", "include": [{"class": "cat", "count": 1}]},
+               {"tag": "counting", "include": [{"class": "dog", "count": 2}]}]  # fmt: skip
+    metadata = tmp_path / "metadata.jsonl"
+    metadata.write_text("".join(json.dumps(r) + "\n" for r in records))
+    model = ["--set", f"train.reward.geneval.detector_path={owl}", "--set", f"train.reward.geneval.clip_path={clip}"]
+    arguments = ["rewards", "score", *map(str, pictures), "-r", "geneval", "--prompt", "x", *model]
+    result = runner.invoke(app, [*arguments, "--metadata-file", str(metadata)])
+    assert result.exit_code == 0, result.output
+    expected = GenEvalScore(owl, clip)([Image.open(p).convert("RGB") for p in pictures], ["x", "x"], metadata=records)
+    assert [float(line.split()[-1]) for line in result.stdout.splitlines()[1:]] == pytest.approx(expected, abs=1e-4)
+    missing = runner.invoke(app, arguments)
+    assert missing.exit_code == 2 and str(pictures[0]) in missing.stderr and "Traceback" not in missing.output

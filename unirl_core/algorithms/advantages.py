@@ -121,3 +121,34 @@ def compute_advantages(
         "advantage_mean": advantages.mean().item(),
         "advantage_abs_max": advantages.abs().max().item(),
     }
+
+
+def per_reward_advantages(
+    algorithm, prompts: list[str], components: dict[str, list[float]], weights: dict[str, float], group: int
+) -> tuple[torch.Tensor, dict[str, float]]:
+    """GDPO's multi-reward advantages (`reward.normalize: per_reward`):
+
+        A_k = normalize_group(r_k)         each weighted reward within its group, by the algorithm's conventions
+        S   = sum_k w_k A_k
+        A   = (S - mean(S)) / (std(S) + eps), clipped to +-adv_clip      one standardization over the batch
+
+    A reward whose raw values spread widely (PickScore ~ +-1 vs OCR in [0, 1]) cannot drown the others, and the
+    weights set the rewards' shares of the advantage. `zero_std_ratio` is that of the weighted total."""
+    conventions = {"eps": algorithm.adv_eps, "clip": None, "ddof": algorithm.std_ddof}
+    summed = torch.zeros(len(prompts), dtype=torch.float64)
+    for name, weight in weights.items():
+        rewards_B = torch.tensor(components[name], dtype=torch.float64)
+        if algorithm.group_by == "prompt":
+            normalized, _ = prompt_group_advantages(prompts, rewards_B, algorithm.std_mode, **conventions)
+        else:
+            normalized, _ = group_advantages(rewards_B, group, algorithm.std_mode, **conventions)
+        summed += weight * normalized.double()
+    advantages = ((summed - summed.mean()) / (summed.std(correction=algorithm.std_ddof) + algorithm.adv_eps)).clamp(
+        -algorithm.adv_clip, algorithm.adv_clip
+    )
+    total = torch.tensor([sum(weights[k] * components[k][i] for k in weights) for i in range(len(prompts))])
+    _, stats = group_advantages(total, group, "group", clip=algorithm.adv_clip)
+    return advantages.float(), stats | {
+        "advantage_mean": advantages.mean().item(),
+        "advantage_abs_max": advantages.abs().max().item(),
+    }

@@ -438,6 +438,96 @@ class PickScoreRewardConfig(StrictModel):
     """Per rank: images (and prompts) per forward."""
 
 
+class OcrRewardConfig(StrictModel):
+    """Settings of the `ocr` reward (Flow-GRPO's): how exactly each image renders the text its prompt quotes in double
+    quotes, 1 - min(edit distance, |target|) / |target| in [0, 1], read by a local TrOCR-style OCR model."""
+
+    model_path: OptionalStr = None
+    """Local folder of the OCR model: a `save_pretrained` VisionEncoderDecoderModel with its processor (tokenizer +
+    image processor), e.g. a copy of microsoft/trocr-base-printed. Recipes usually read it from `${env:OCR_PATH}`."""
+
+    batch_size: Annotated[Count, Field(ge=1)] = 16
+    """Per rank: images read per generate call."""
+
+    max_new_tokens: Annotated[Count, Field(ge=1)] = 32
+    """Per image: most tokens read (greedy decoding); a longer text is cut off and scores lower."""
+
+
+class ImageRewardConfig(StrictModel):
+    """Settings of the `imagereward` reward (THUDM/ImageReward v1.0): BLIP's text encoder reads the prompt with
+    cross-attention to the image and an MLP scores it, normalized to about zero mean and unit variance on its
+    training data (higher: preferred)."""
+
+    checkpoint_path: OptionalStr = None
+    """Local `ImageReward.pt` from huggingface.co/THUDM/ImageReward (a state dict, read with
+    torch.load(weights_only=True)) or a `.safetensors` of it. Recipes usually read it from `${env:IMAGEREWARD_PATH}`."""
+
+    tokenizer_path: OptionalStr = None
+    """Local folder of bert-base-uncased's tokenizer (vocab.txt or tokenizer.json); the reference's [DEC] and [ENC]
+    tokens are added on load."""
+
+    batch_size: Annotated[Count, Field(ge=1)] = 16
+    """Per rank: images (and prompts) per forward."""
+
+    arch_path: OptionalStr = None
+    """JSON of the model sizes (`ImageRewardArch` fields in unirl_core/rewards/imagereward.py), for tests' tiny
+    checkpoints. Empty: the published ViT-L/16 + BERT-base sizes."""
+
+
+class GenEvalRewardConfig(StrictModel):
+    """Settings of the `geneval` reward: GenEval's object/count/colour/position checks of each image against its
+    prompt record's `metadata` (GenEval's record), an OWLv2 detector for boxes and a CLIP for colours."""
+
+    detector_path: OptionalStr = None
+    """Local folder of an OWLv2 (or OWL-ViT) detector with its processor: a `save_pretrained` copy of
+    google/owlv2-base-patch16-ensemble. Recipes usually read it from `${env:OWLV2_PATH}`."""
+
+    clip_path: OptionalStr = None
+    """Local CLIP folder (as `clip.model_path`) that classifies each box's colour zero-shot; GenEval uses
+    ViT-L/14 (openai/clip-vit-large-patch14). Shared with `clip_score` when both name the same folder."""
+
+    batch_size: Annotated[Count, Field(ge=1)] = 8
+    """Per rank: images per detector forward (and box crops per CLIP forward)."""
+
+    threshold: Annotated[float, Field(gt=0, lt=1)] = 0.3
+    """Detector score above which a box counts as an object. GenEval's 0.3 is for Mask2Former; OWLv2's scores run
+    lower (its model card uses 0.1): tune it on a few labelled images."""
+
+    scoring: Literal["fractional", "strict"] = "fractional"
+    """`fractional`: mean credit over the checks, what flow_grpo trains on (at most 1, negative with many extra
+    objects); `strict`: 1.0 only when every check holds (exact counts, exclusions included), else 0.0."""
+
+
+class VlmJudgeRewardConfig(StrictModel):
+    """Settings of the `vlm_judge` reward: a chat VLM asked `question` about each image, scored from its next-token
+    probabilities over the answer tokens (one forward, no generation): P(yes) in [0, 1] or the expected digit."""
+
+    model_path: OptionalStr = None
+    """Local folder of a VLM that AutoModelForImageTextToText loads, with its processor (a `save_pretrained` copy of
+    e.g. Qwen/Qwen2.5-VL-7B-Instruct; Qwen-VL processors need torchvision). Recipes read it from
+    `${env:VLM_JUDGE_PATH}`."""
+
+    question: OptionalStr = None
+    """The question, a template where `{prompt}` becomes the image's prompt. Empty: the mode's default (yes_no: 'Does
+    this image match the description: "{prompt}"? Answer yes or no.'; scale: asks for one digit from 1 to 9)."""
+
+    mode: Literal["yes_no", "scale"] = "yes_no"
+    """yes_no: P(yes) over the yes/no answer tokens, in [0, 1]; scale: sum_k k p(k) over the digit tokens, in [1, 9]."""
+
+    batch_size: Annotated[Count, Field(ge=1)] = 4
+    """Per rank: images (one question each) per forward, left-padded."""
+
+    dtype: Literal["float32", "bfloat16"] = "float32"
+    """Weights' dtype: float32 (CPU, tests) or bfloat16 (real judges on GPUs)."""
+
+    answers: tuple[str, str] = ("yes", "no")
+    """yes_no: the positive and negative word, each counted as given, lower-case and capitalized; each must be one
+    token."""
+
+    scale: tuple[int, int] = (1, 9)
+    """scale: the lowest and highest digit; every value must be one token (Qwen tokenizers split 10)."""
+
+
 class AestheticRewardConfig(StrictModel):
     """Settings of the `aesthetic` reward: LAION's aesthetic predictor head on a CLIP image embedding."""
 
@@ -493,11 +583,33 @@ class RemoteScorerConfig(StrictModel):
             )
 
 
+class RewardActorsConfig(StrictModel):
+    """The Ray actors that serve the model rewards under `placement: dedicated` (global counts).
+
+    Resource arithmetic: workers x cpus_per_worker CPUs and workers x gpus_per_worker GPUs, on top of the training
+    workers' (`train.ray`), e.g. 8 policy GPUs + 2 x 1 reward GPUs = 10 GPUs."""
+
+    workers: Annotated[Count, Field(ge=1)] = 1
+    """Reward actors; each loads every model reward of the recipe once. A rank's batch is split evenly over them
+    and scored in one call per actor (the policy never waits on one image at a time)."""
+
+    cpus_per_worker: Annotated[float, Field(gt=0)] = 1
+    """CPUs of each reward actor (and its torch threads)."""
+
+    gpus_per_worker: Annotated[float, Field(ge=0)] = 0
+    """GPUs of each reward actor: 0 scores on its CPUs; a fraction (0.5) lets two actors share one GPU."""
+
+    max_restarts: Annotated[Count, Field(ge=0)] = 3
+    """Times Ray restarts a reward actor that died (it reloads its models) and retries the call on it; past that
+    the step fails as transient and the round resumes from its last committed checkpoint."""
+
+
 class RewardConfig(StrictModel):
     """How images are scored: a weighted sum of named rewards, plus guards that are scored but not trained on.
 
-    Names: the weight-free ones (unirl_core/rewards/functions.py), `clip_score` (needs `clip`), `aesthetic` (needs
-    `aesthetic`), `pickscore` (needs `pickscore`), and every key of `remote`."""
+    Names: the weight-free ones (unirl_core/rewards/functions.py), the model rewards (`clip_score` needs `clip`;
+    `aesthetic`, `pickscore`, `ocr`, `imagereward`, `geneval`, `vlm_judge` their own section), and every key of
+    `remote`."""
 
     weights: dict[str, float] = {"jpeg_compressibility": 1.0}
     """Reward name -> weight in the total reward."""
@@ -514,8 +626,34 @@ class RewardConfig(StrictModel):
     pickscore: PickScoreRewardConfig | None = None
     """The PickScore model of `pickscore`; required when `pickscore` is weighted or a guard."""
 
+    ocr: OcrRewardConfig | None = None
+    """The OCR model of `ocr`; required when `ocr` is weighted or a guard."""
+
+    imagereward: ImageRewardConfig | None = None
+    """The checkpoint and tokenizer of `imagereward`; required when `imagereward` is weighted or a guard."""
+
+    geneval: GenEvalRewardConfig | None = None
+    """The detector and CLIP of `geneval`; required when `geneval` is weighted or a guard."""
+
+    vlm_judge: VlmJudgeRewardConfig | None = None
+    """The VLM of `vlm_judge`; required when `vlm_judge` is weighted or a guard."""
+
     remote: dict[str, RemoteScorerConfig] = {}
     """Remote scorers by reward name: each key can be weighted or guarded like a built-in reward."""
+
+    normalize: Literal["total", "per_reward"] = "total"
+    """How several weighted rewards become advantages. `total`: normalize the weighted sum within each group
+    (flow_grpo's and DiffusionNFT's multi-reward runs). `per_reward`: normalize each weighted reward within its
+    group, sum the weighted advantages, then standardize that sum over the batch (GDPO), so a reward with a wide
+    raw range cannot drown the others. The algorithm's std_mode, std_ddof, adv_eps and grouping apply to each."""
+
+    placement: Literal["colocated", "dedicated"] = "colocated"
+    """Where the model rewards run. `colocated`: on each training worker's device, next to the policy.
+    `dedicated`: on their own Ray actors (`actors`: own CPUs or GPUs, restarted when they die); not with `--local`.
+    Weight-free and remote rewards always run on the training workers."""
+
+    actors: RewardActorsConfig = RewardActorsConfig()
+    """`dedicated`: how many reward actors, and their resources."""
 
     def problems(self) -> Iterator[Problem]:
         from unirl_core.rewards.names import builtin_names
@@ -539,8 +677,16 @@ class RewardConfig(StrictModel):
     def _missing_model_paths(self) -> Iterator[Problem]:
         used = set(self.weights) | set(self.guards)
         clip, aesthetic = self.clip or ClipRewardConfig(), self.aesthetic or AestheticRewardConfig()
-        pickscore = self.pickscore or PickScoreRewardConfig()
+        pickscore, ocr = self.pickscore or PickScoreRewardConfig(), self.ocr or OcrRewardConfig()
+        imagereward = self.imagereward or ImageRewardConfig()
+        geneval, judge = self.geneval or GenEvalRewardConfig(), self.vlm_judge or VlmJudgeRewardConfig()
         required = [
+            ("geneval", "geneval.detector_path", geneval.detector_path, "a local OWLv2 folder"),
+            ("geneval", "geneval.clip_path", geneval.clip_path, "a local CLIP folder (colours)"),
+            ("vlm_judge", "vlm_judge.model_path", judge.model_path, "a local chat VLM folder"),
+            ("imagereward", "imagereward.checkpoint_path", imagereward.checkpoint_path, "a local ImageReward.pt"),
+            ("imagereward", "imagereward.tokenizer_path", imagereward.tokenizer_path, "a bert-base-uncased folder"),
+            ("ocr", "ocr.model_path", ocr.model_path, "a local OCR model folder, e.g. microsoft/trocr-base-printed"),
             ("clip_score", "clip.model_path", clip.model_path, "a local CLIP folder (or drop clip_score)"),
             ("pickscore", "pickscore.model_path", pickscore.model_path, "a local copy of yuvalkirstain/PickScore_v1"),
             ("aesthetic", "aesthetic.clip_model_path", aesthetic.clip_model_path, "a local CLIP ViT-L/14 folder"),
@@ -772,6 +918,13 @@ class TrainConfig(StrictModel):
                 self.algorithm.beta,
                 "0 with full fine-tuning (model.lora: null): the KL reference is the model with its LoRA adapter "
                 "disabled, so a KL term needs LoRA",
+            )
+        if self.reward.normalize == "per_reward" and self.algorithm.std_mode == "per_prompt":
+            yield (
+                "reward.normalize",
+                "per_reward",
+                "total with algorithm.std_mode: per_prompt (the per-prompt tracker remembers one reward per prompt), "
+                "or keep per_reward with std_mode group or batch",
             )
         window, steps = self.algorithm.sde_window, self.sampling.num_inference_steps
         if window is not None and self.algorithm.name == "diffusion_nft":

@@ -39,6 +39,16 @@ def asked(ray_config) -> dict[str, float]:
     return {"CPU": workers * ray_config.cpus_per_worker, "GPU": workers * ray_config.gpus_per_worker}
 
 
+def reward_actors_asked(reward_config) -> dict[str, float]:
+    """Global CPUs and GPUs of the dedicated reward actors (none when the model rewards are colocated)."""
+    from unirl_core.rewards.registry import used_model_rewards
+
+    if reward_config is None or reward_config.placement != "dedicated" or not used_model_rewards(reward_config):
+        return {"CPU": 0.0, "GPU": 0.0}
+    actors = reward_config.actors
+    return {"CPU": actors.workers * actors.cpus_per_worker, "GPU": actors.workers * actors.gpus_per_worker}
+
+
 def this_machine() -> dict[str, float]:
     """What a local Ray started on this machine can really give: its CPUs and its CUDA devices."""
     import torch
@@ -46,11 +56,22 @@ def this_machine() -> dict[str, float]:
     return {"CPU": float(os.cpu_count() or 1), "GPU": float(torch.cuda.device_count())}
 
 
-def shortfalls(ray_config, available: Mapping[str, float], where: str) -> list[str]:
-    """One line per resource the group asks for and `where` (e.g. "this machine") lacks; empty when it fits."""
-    workers, need = ray_config.workers, asked(ray_config)
+def shortfalls(ray_config, available: Mapping[str, float], where: str, reward_config=None) -> list[str]:
+    """One line per resource the group (and the dedicated reward actors of `reward_config`) asks for and `where`
+    (e.g. "this machine") lacks; empty when it fits."""
+    workers, need, rewards = ray_config.workers, asked(ray_config), reward_actors_asked(reward_config)
     have_cpus, have_gpus = float(available.get("CPU", 0)), float(available.get("GPU", 0))
     lines = []
+    for name, unit in (("CPU", "CPUs"), ("GPU", "GPUs")):
+        have = float(available.get(name, 0))
+        if rewards[name] and need[name] <= have < need[name] + rewards[name]:
+            lines.append(
+                f"the training workers' {need[name]:g} {unit} + the reward actors' train.reward.actors.workers x "
+                f"{name.lower()}s_per_worker = {reward_config.actors.workers} x "
+                f"{rewards[name] / reward_config.actors.workers:g} = {rewards[name]:g} {unit} = "
+                f"{need[name] + rewards[name]:g} {unit}, but {where} has {have:g}: lower the reward actors' share "
+                "or use train.reward.placement: colocated"
+            )
     if need["GPU"] and not have_gpus:
         lines.append(
             f"train.ray.gpus_per_worker={ray_config.gpus_per_worker:g} asks for GPUs but {where} has none (the "
@@ -71,8 +92,8 @@ def shortfalls(ray_config, available: Mapping[str, float], where: str) -> list[s
     return lines
 
 
-def require(ray_config, available: Mapping[str, float], where: str) -> None:
-    """Raise ClusterResourcesError when `where` cannot hold the group."""
-    lines = shortfalls(ray_config, available, where)
+def require(ray_config, available: Mapping[str, float], where: str, reward_config=None) -> None:
+    """Raise ClusterResourcesError when `where` cannot hold the group (and the dedicated reward actors)."""
+    lines = shortfalls(ray_config, available, where, reward_config)
     if lines:
         raise ClusterResourcesError("the worker group does not fit: " + "; ".join(lines))

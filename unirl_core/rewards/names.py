@@ -9,7 +9,12 @@ MODEL_REWARDS = {
     "clip_score": "clip",
     "aesthetic": "aesthetic",
     "pickscore": "pickscore",
+    "ocr": "ocr",
+    "imagereward": "imagereward",
+    "geneval": "geneval",
+    "vlm_judge": "vlm_judge",
 }  # reward name -> its RewardConfig section
+METADATA_REWARDS = {"geneval"}  # scored with each prompt record's `metadata` (its checks)
 
 
 def builtin_names() -> set[str]:

@@ -6,6 +6,10 @@
 | clip_score    | CLIP model   | `reward.clip`                    | clip.py       |
 | aesthetic     | CLIP + head  | `reward.aesthetic`               | aesthetic.py  |
 | pickscore     | CLIP-H       | `reward.pickscore`               | clip.py       |
+| ocr           | TrOCR        | `reward.ocr`                     | ocr.py        |
+| imagereward   | BLIP + MLP   | `reward.imagereward`             | imagereward.py|
+| geneval       | OWLv2 + CLIP | `reward.geneval` + prompt metadata | geneval.py  |
+| vlm_judge     | chat VLM     | `reward.vlm_judge`               | vlm_judge.py  |
 | <any key>     | HTTP server  | `reward.remote.<key>`            | remote.py     |
 
 Only the rewards a recipe weights or guards are built; a configured but unused one is skipped with a warning.
@@ -52,8 +56,38 @@ def _pickscore(config: RewardConfig, device: str) -> Scorer:
     return PickScore(settings.model_path, settings.processor_path, device, settings.batch_size)
 
 
+def _ocr(config: RewardConfig, device: str) -> Scorer:
+    from unirl_core.rewards.ocr import OcrScore
+
+    settings = config.ocr
+    return OcrScore(settings.model_path, device, settings.batch_size, settings.max_new_tokens)
+
+
+def _imagereward(config: RewardConfig, device: str) -> Scorer:
+    from unirl_core.rewards.imagereward import ImageRewardScore
+
+    settings = config.imagereward
+    return ImageRewardScore(
+        settings.checkpoint_path, settings.tokenizer_path, device, settings.batch_size, settings.arch_path
+    )
+
+
+def _geneval(config: RewardConfig, device: str) -> Scorer:
+    from unirl_core.rewards.geneval import GenEvalScore
+
+    s = config.geneval
+    return GenEvalScore(s.detector_path, s.clip_path, device, s.batch_size, s.threshold, s.scoring)
+
+
+def _vlm_judge(config: RewardConfig, device: str) -> Scorer:
+    from unirl_core.rewards.vlm_judge import VlmJudgeScore
+
+    return VlmJudgeScore(device=device, **config.vlm_judge.model_dump())
+
+
 _FACTORIES: dict[str, Callable[[RewardConfig, str], Scorer]] = {
-    "clip_score": _clip_score, "aesthetic": _aesthetic, "pickscore": _pickscore,
+    "clip_score": _clip_score, "aesthetic": _aesthetic, "pickscore": _pickscore, "ocr": _ocr,
+    "imagereward": _imagereward, "geneval": _geneval, "vlm_judge": _vlm_judge,
 }  # fmt: skip
 
 
@@ -71,11 +105,34 @@ DESCRIPTIONS: dict[str, tuple[str, str]] = {
         "PickScore: exp(logit_scale) x cosine (about 18-23)",
         "reward.pickscore.{model_path, processor_path}: PickScore_v1 + the CLIP-H processor",
     ),
+    "ocr": (
+        "text accuracy in [0, 1] of the prompt's quoted text, read by OCR (Flow-GRPO's)",
+        "reward.ocr.model_path: a TrOCR-style VisionEncoderDecoderModel folder",
+    ),
+    "imagereward": (
+        "ImageReward: BLIP human-preference score, normalized (about zero-mean, unit-variance)",
+        "reward.imagereward.{checkpoint_path, tokenizer_path}: ImageReward.pt + a bert-base-uncased tokenizer",
+    ),
+    "geneval": (
+        "GenEval checks (objects, counts, colours, positions): mean credit <= 1 (flow_grpo's) or strict 0/1",
+        "reward.geneval.{detector_path, clip_path}: OWLv2 + CLIP; each prompt's GenEval record as its metadata",
+    ),
+    "vlm_judge": (
+        "a VLM's P(yes) (or expected 1-9 digit) from its answer-token probabilities",
+        "reward.vlm_judge.model_path: a local chat VLM folder (e.g. Qwen2.5-VL-7B-Instruct)",
+    ),
 }
 
 
-def build_scorers(config: RewardConfig, device: str = "cpu") -> dict[str, Scorer]:
-    """The model and remote rewards `config` weights or guards, by name, loaded on `device`."""
+def used_model_rewards(config: RewardConfig) -> list[str]:
+    """The model rewards `config` weights or guards (those `placement: dedicated` serves from reward actors)."""
+    used = set(config.weights) | set(config.guards)
+    return [name for name in MODEL_REWARDS if name in used]
+
+
+def build_scorers(config: RewardConfig, device: str = "cpu", skip: set[str] = frozenset()) -> dict[str, Scorer]:
+    """The model and remote rewards `config` weights or guards, by name, loaded on `device`; `skip`: names
+    scored elsewhere (the dedicated reward actors)."""
     from unirl_core.rewards.remote import RemoteScorer
 
     problems = [f"{path}: got {value!r}; {message}" for path, value, message in config.problems()]
@@ -84,6 +141,8 @@ def build_scorers(config: RewardConfig, device: str = "cpu") -> dict[str, Scorer
     used = set(config.weights) | set(config.guards)
     scorers: dict[str, Scorer] = {}
     for name, section in MODEL_REWARDS.items():
+        if name in skip:
+            continue
         if name in used:
             scorers[name] = _FACTORIES[name](config, device)
         elif getattr(config, section) is not None:

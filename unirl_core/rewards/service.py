@@ -45,17 +45,31 @@ class RewardService:
         self.scorers = {name: available[name] for name in [*self.weights, *self.guards]}
 
     @classmethod
-    def from_config(cls, config: RewardConfig, device: str = "cpu") -> RewardService:
-        """The service a recipe's `train.reward` describes; model rewards load on `device` (once per process)."""
-        return cls(config.weights, config.guards, build_scorers(config, device))
+    def from_config(
+        cls, config: RewardConfig, device: str = "cpu", served: Mapping[str, Scorer] | None = None
+    ) -> RewardService:
+        """The service a recipe's `train.reward` describes; model rewards load on `device` (once per process),
+        except those in `served` (name -> a scorer on the dedicated reward actors)."""
+        served = dict(served or {})
+        return cls(config.weights, config.guards, build_scorers(config, device, skip=set(served)) | served)
 
     def score(
-        self, images: Sequence[Image.Image], prompts: Sequence[str], sample_ids: Sequence[str]
+        self,
+        images: Sequence[Image.Image],
+        prompts: Sequence[str],
+        sample_ids: Sequence[str],
+        metadata: Sequence[dict] | None = None,
     ) -> dict[str, np.ndarray]:
-        """{"total": [B], each component: [B]}; RewardError names the samples of any bad score."""
+        """{"total": [B], each component: [B]}; RewardError names the samples of any bad score. `metadata`: each
+        prompt record's `metadata` (GenEval's checks), given to the scorers that read it (`wants_metadata`)."""
         components = {}
         for name, scorer in self.scorers.items():
-            scores = np.asarray(scorer(images, prompts, sample_ids), dtype=np.float64)
+            if getattr(scorer, "wants_metadata", False):
+                given = list(metadata) if metadata is not None else [{} for _ in images]
+                scores = scorer(images, prompts, sample_ids, metadata=given)
+            else:
+                scores = scorer(images, prompts, sample_ids)
+            scores = np.asarray(scores, dtype=np.float64)
             if scores.shape != (len(images),):
                 raise RewardError(
                     f"reward {name} returned {scores.shape[0] if scores.ndim else 0} scores for {len(images)} samples"

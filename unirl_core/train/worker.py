@@ -18,9 +18,9 @@ from unirl_core.distributed.rank import TorchWorker
 
 
 class TrainWorker(TorchWorker):
-    def build(self, config_json: str, stage: str) -> dict[str, int]:
+    def build(self, config_json: str, stage: str, served: dict | None = None) -> dict[str, int]:
         """Build the adapter, shard it, and the stack of `stage` (`rl` or `warmup`); returns how much of the
-        trained module this rank holds."""
+        trained module this rank holds. `served`: model rewards scored by the dedicated reward actors, by name."""
         from unirl_core.config.schema import TrainConfig
         from unirl_core.models.logs import quiet_model_libraries
 
@@ -51,7 +51,7 @@ class TrainWorker(TorchWorker):
             from unirl_core.rewards.service import RewardService
             from unirl_core.train.stack import build_stack
 
-            self.rewards = RewardService.from_config(config.reward, device=str(self.device))
+            self.rewards = RewardService.from_config(config.reward, device=str(self.device), served=served)
             updates = config.steps * config.algorithm.num_updates_per_batch
             self.stack = build_stack(self.adapter, config.algorithm, total_updates=updates)
         else:
@@ -80,7 +80,10 @@ class TrainWorker(TorchWorker):
             )  # fmt: skip
         rolled = time.perf_counter()
         scores = self.rewards.score(
-            self._rollout.images, [s.example.prompt for s in samples], [s.sample_id for s in samples]
+            self._rollout.images,
+            [s.example.prompt for s in samples],
+            [s.sample_id for s in samples],
+            [s.example.metadata for s in samples],
         )
         wanted = set(want_images)
         return {

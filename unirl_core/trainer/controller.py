@@ -14,15 +14,16 @@ checkpoints' commit records, `metrics.jsonl` and MLflow.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from unirl_core.algorithms.advantages import PerPromptStatTracker, compute_advantages
+from unirl_core.algorithms.advantages import PerPromptStatTracker, compute_advantages, per_reward_advantages
 from unirl_core.config.schema import TrainConfig
 from unirl_core.data.groups import expand_groups
 from unirl_core.data.sources import build_source
@@ -30,7 +31,15 @@ from unirl_core.summaries import RoundSummary
 from unirl_core.train.checkpoint import CheckpointError, CheckpointManager, config_hash
 from unirl_core.train.export import CONFIG_FILE
 from unirl_core.train.worker import TrainWorker
-from unirl_core.trainer.plan import Round, RoundDeadlineError, output_dir, plan_rounds, validate, worker_credentials
+from unirl_core.trainer.plan import (
+    Round,
+    RoundDeadlineError,
+    TrainingConfigError,
+    output_dir,
+    plan_rounds,
+    validate,
+    worker_credentials,
+)
 
 METRICS_FILE = "metrics.jsonl"
 RAY_RECORD = "ray_processes.json"  # the local Ray of the running round, for the flow's teardown hooks
@@ -178,9 +187,14 @@ class Controller:
                                      [s.sample_id for s in grid], timeout=timeout)  # fmt: skip
         scores = {k: [x for r in results for x in r["rewards"][k]] for k in results[0]["rewards"]}
         prompts = [s.example.prompt for s in samples]
-        advantages, advantage_stats = compute_advantages(
-            config.algorithm, self.advantage_tracker, prompts, scores["total"], group
-        )
+        if config.reward.normalize == "per_reward":
+            advantages, advantage_stats = per_reward_advantages(
+                config.algorithm, prompts, scores, config.reward.weights, group
+            )
+        else:
+            advantages, advantage_stats = compute_advantages(
+                config.algorithm, self.advantage_tracker, prompts, scores["total"], group
+            )
         shares = split_even(advantages.tolist(), self.workers)
         train_parts = self.group.scatter(TrainWorker.train, shares, stage_step, timeout=timeout)
         metrics = reward_metrics(scores) | advantage_stats | reduce_metrics(train_parts)
@@ -320,8 +334,12 @@ def run_round(
     if round_.first == 0 and record is None:
         _log_inputs(tracker, config, precache)
     credentials = worker_credentials(config)
-    with worker_group(TrainWorker, config.ray, output_dir(config) / RAY_RECORD, local, credentials) as group:
-        shards = group.run(TrainWorker.build, config.model_dump_json(), round_.stage)
+    rewards = config.reward if round_.stage == "rl" else None
+    with (
+        worker_group(TrainWorker, config.ray, output_dir(config) / RAY_RECORD, local, credentials, rewards) as group,
+        served_rewards(rewards, local) as served,
+    ):
+        shards = group.run(TrainWorker.build, config.model_dump_json(), round_.stage, served)
         controller = Controller(config, round_, group, tracker, precache, on_step)
         controller.resume(latest, record)
         evals = controller.warmup_evals(deadline, before=True)
@@ -333,6 +351,26 @@ def run_round(
         **plan, **evals, **outputs, checkpoint=str(controller.last_checkpoint), resumed_from=done_through,
         shard_elements=shards, metrics=metrics, mlflow_run_id=tracker.run_id, seconds=time.monotonic() - started,
     )  # fmt: skip
+
+
+@contextlib.contextmanager
+def served_rewards(reward_config, local: bool) -> Iterator[dict]:
+    """{name: scorer} of the model rewards served by dedicated reward actors for the block ({} when colocated)."""
+    from unirl_core.rewards.registry import used_model_rewards
+
+    names = used_model_rewards(reward_config) if reward_config and reward_config.placement == "dedicated" else []
+    if not names:
+        yield {}
+        return
+    if local:
+        raise TrainingConfigError(
+            "train.reward.placement: dedicated serves the model rewards from Ray actors, which --local does not "
+            "start: drop --local, or set train.reward.placement=colocated"
+        )
+    from unirl_core.distributed.reward_actors import reward_actors
+
+    with reward_actors(reward_config, names) as served:
+        yield served
 
 
 def _done_through(round_: Round, record: dict | None) -> int:

@@ -71,7 +71,7 @@ def _machine_problems(config: TrainConfig) -> list[str]:
 
     if not starts_local_ray(config.ray):
         return []
-    return shortfalls(config.ray, this_machine(), "this machine")
+    return shortfalls(config.ray, this_machine(), "this machine", config.reward)
 
 
 def _data_problems(config: TrainConfig) -> list[str]:

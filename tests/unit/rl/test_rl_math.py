@@ -181,3 +181,37 @@ def test_a_kl_term_without_lora_is_refused_at_validation():
 
     with pytest.raises(RecipeError, match="algorithm.beta"):
         recipe_from_tree({"train": {"model": {"lora": None}, "algorithm": {"beta": 0.01}}})
+
+
+def test_per_reward_normalization_weighs_rewards_by_their_weights_not_their_ranges():
+    """`reward.normalize: per_reward` (GDPO): each reward normalized within its group, the weighted sum standardized
+    over the batch. Two groups of 3; `wide` spans 100s, `narrow` 0.1s and disagrees with it."""
+    from unirl_core.algorithms.advantages import compute_advantages, per_reward_advantages
+    from unirl_core.config import RecipeError, recipe_from_tree
+    from unirl_core.config.schema import AlgorithmConfig
+
+    algorithm = AlgorithmConfig(adv_eps=1e-4)
+    prompts = ["a"] * 3 + ["b"] * 3
+    wide, narrow = [0.0, 100.0, 200.0, 50.0, 150.0, 100.0], [0.3, 0.2, 0.1, 0.1, 0.1, 0.2]
+    weights = {"wide": 0.5, "narrow": 1.0}
+    advantages, stats = per_reward_advantages(algorithm, prompts, {"wide": wide, "narrow": narrow}, weights, 3)
+
+    def in_groups(r):  # numpy, population std per group of 3
+        r = np.asarray(r).reshape(2, 3)
+        return ((r - r.mean(1, keepdims=True)) / (r.std(1, keepdims=True) + 1e-4)).ravel()
+
+    summed = 0.5 * in_groups(wide) + 1.0 * in_groups(narrow)
+    expected = (summed - summed.mean()) / (summed.std() + 1e-4)
+    assert advantages.tolist() == pytest.approx(expected.tolist(), abs=1e-5)
+    # group a: narrow (weight 1) outvotes wide (weight 0.5): sample 0 is the best
+    assert advantages[0] > advantages[1] > advantages[2]
+    total = [0.5 * w + n for w, n in zip(wide, narrow, strict=True)]
+    by_total, _ = compute_advantages(algorithm, PerPromptStatTracker(), prompts, total, 3)
+    assert by_total[0] < by_total[1] < by_total[2]  # the summed raw rewards follow the wide range instead
+    scaled, _ = per_reward_advantages(
+        algorithm, prompts, {"wide": [w * 1e3 for w in wide], "narrow": narrow}, weights, 3
+    )
+    assert torch.allclose(scaled, advantages, atol=1e-4)  # a reward's units do not matter
+    assert stats["zero_std_ratio"] == 0.0
+    with pytest.raises(RecipeError, match="reward.normalize"):
+        recipe_from_tree({"train": {"reward": {"normalize": "per_reward"}, "algorithm": {"std_mode": "per_prompt"}}})
