@@ -118,7 +118,8 @@ def test_local_group_is_one_rank_in_this_process():
 
 
 def test_a_user_error_on_a_worker_arrives_as_itself(ray_local):
-    """Not wrapped in Ray's remote traceback: `unirl` prints the worker's one-line message and exits 2."""
+    """Not wrapped in Ray's remote traceback: `unirl` prints the worker's one-line message and exits 2; an unreachable
+    scorer arrives as itself too (a ConnectionError: the round's task retries it)."""
     from unirl_core.data.bagel.sharding import ShardingError
     from unirl_core.distributed.worker_group import TorchWorker, WorkerGroup
 
@@ -128,10 +129,19 @@ def test_a_user_error_on_a_worker_arrives_as_itself(ray_local):
 
             return assign_files(files, self.world_size, num_workers=2, seed=0)
 
-    with WorkerGroup(world_size=1, worker_cls=Reader) as group, pytest.raises(ShardingError) as info:
-        group.run(Reader.plan, ["a.parquet"])
-    assert type(info.value) is ShardingError
-    assert str(info.value).startswith("1 files cannot feed 1 ranks x 2 workers = 2 readers")
+        def score(self) -> None:
+            from unirl_core.rewards.errors import ScorerUnavailableError
+
+            raise ScorerUnavailableError("remote scorer http://127.0.0.1:9/score is unreachable")
+
+    with WorkerGroup(world_size=1, worker_cls=Reader) as group:
+        with pytest.raises(ShardingError) as info:
+            group.run(Reader.plan, ["a.parquet"])
+        assert type(info.value) is ShardingError
+        assert str(info.value).startswith("1 files cannot feed 1 ranks x 2 workers = 2 readers")
+        with pytest.raises(ConnectionError, match="is unreachable") as unreachable:  # transient: the round retries
+            group.run(Reader.score)
+        assert type(unreachable.value).__name__ == "ScorerUnavailableError"
 
 
 def test_mlflow_run_is_read_back(mlflow_uri):

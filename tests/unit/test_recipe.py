@@ -12,6 +12,10 @@ ENV = {
     "INPUT_PARQUET": "/data/part-*.parquet",
     "MODEL_PATH": "/models/pipeline",
     "CLIP_PATH": "/models/clip",
+    **{
+        name: f"/models/{name.lower()}"
+        for name in ("PICKSCORE_PATH", "CLIP_H_PATH", "IMAGEREWARD_PATH", "BERT_PATH", "OWLV2_PATH", "OCR_PATH")
+    },  # fmt: skip
 }
 
 

@@ -453,6 +453,27 @@ class OcrRewardConfig(StrictModel):
     """Per image: most tokens read (greedy decoding); a longer text is cut off and scores lower."""
 
 
+class HPSv2RewardConfig(StrictModel):
+    """Settings of the `hpsv2` reward (tgxs002/HPSv2): cosine(image, prompt) of the HPSv2 / HPSv2.1 model (OpenCLIP
+    ViT-H-14 fine-tuned on human preferences), no logit scale: about 0.2-0.35 on real images (papers print it x100)."""
+
+    checkpoint_path: OptionalStr = None
+    """Local HPS checkpoint: HPS_v2.1_compressed.pt (HPS_v2_compressed.pt for HPSv2.0) from huggingface.co/xswu/HPSv2,
+    read with torch.load(weights_only=True), or a .safetensors of its state dict. Recipes usually read it from
+    `${env:HPSV2_PATH}`."""
+
+    tokenizer_path: OptionalStr = None
+    """Local CLIP tokenizer folder (laion/CLIP-ViT-H-14-laion2B-s32B-b79K's; PickScore's `processor_path` folder
+    works)."""
+
+    arch: str = "ViT-H-14"
+    """open_clip architecture of the checkpoint: ViT-H-14 (HPSv2's and HPSv2.1's) or the path of an open_clip
+    model-config JSON."""
+
+    batch_size: Annotated[Count, Field(ge=1)] = 16
+    """Per rank: images (and prompts) per forward."""
+
+
 class ImageRewardConfig(StrictModel):
     """Settings of the `imagereward` reward (THUDM/ImageReward v1.0): BLIP's text encoder reads the prompt with
     cross-attention to the image and an MLP scores it, normalized to about zero mean and unit variance on its
@@ -608,7 +629,7 @@ class RewardConfig(StrictModel):
     """How images are scored: a weighted sum of named rewards, plus guards that are scored but not trained on.
 
     Names: the weight-free ones (unirl_core/rewards/functions.py), the model rewards (`clip_score` needs `clip`;
-    `aesthetic`, `pickscore`, `ocr`, `imagereward`, `geneval`, `vlm_judge` their own section), and every key of
+    `aesthetic`, `pickscore`, `hpsv2`, `ocr`, `imagereward`, `geneval`, `vlm_judge` their own section), and every key of
     `remote`."""
 
     weights: dict[str, float] = {"jpeg_compressibility": 1.0}
@@ -625,6 +646,9 @@ class RewardConfig(StrictModel):
 
     pickscore: PickScoreRewardConfig | None = None
     """The PickScore model of `pickscore`; required when `pickscore` is weighted or a guard."""
+
+    hpsv2: HPSv2RewardConfig | None = None
+    """The HPS checkpoint and tokenizer of `hpsv2`; required when `hpsv2` is weighted or a guard."""
 
     ocr: OcrRewardConfig | None = None
     """The OCR model of `ocr`; required when `ocr` is weighted or a guard."""
@@ -678,9 +702,11 @@ class RewardConfig(StrictModel):
         used = set(self.weights) | set(self.guards)
         clip, aesthetic = self.clip or ClipRewardConfig(), self.aesthetic or AestheticRewardConfig()
         pickscore, ocr = self.pickscore or PickScoreRewardConfig(), self.ocr or OcrRewardConfig()
-        imagereward = self.imagereward or ImageRewardConfig()
+        imagereward, hps = self.imagereward or ImageRewardConfig(), self.hpsv2 or HPSv2RewardConfig()
         geneval, judge = self.geneval or GenEvalRewardConfig(), self.vlm_judge or VlmJudgeRewardConfig()
         required = [
+            ("hpsv2", "hpsv2.checkpoint_path", hps.checkpoint_path, "a local HPS_v2.1_compressed.pt"),
+            ("hpsv2", "hpsv2.tokenizer_path", hps.tokenizer_path, "a local CLIP-H tokenizer folder"),
             ("geneval", "geneval.detector_path", geneval.detector_path, "a local OWLv2 folder"),
             ("geneval", "geneval.clip_path", geneval.clip_path, "a local CLIP folder (colours)"),
             ("vlm_judge", "vlm_judge.model_path", judge.model_path, "a local chat VLM folder"),

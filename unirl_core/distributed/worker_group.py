@@ -141,7 +141,9 @@ class WorkerGroup:
                 raise WorkerLostError(f"training worker rank(s) {dead} died; a peer failed with: {exc}") from exc
             if COLLECTIVE_FAILURE.search(str(exc)):
                 raise WorkerLostError(f"a collective between the training workers failed: {exc}") from exc
-            if isinstance(exc.cause, UserError):  # the worker's own error and message, not Ray's remote traceback
+            # the worker's own error and message, not Ray's remote traceback: a user error (permanent) or an
+            # unreachable scorer (ScorerUnavailableError, a ConnectionError: transient, the round retries)
+            if isinstance(exc.cause, UserError | ConnectionError):
                 raise exc.cause from exc
             raise
 

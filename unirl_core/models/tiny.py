@@ -17,22 +17,27 @@ CLIP_HIDDEN = 32
 T5_HIDDEN = 2 * CLIP_HIDDEN  # SD3 pads the concatenated CLIP embeddings (2 x 32) up to the T5 width
 
 
-def byte_level_clip_tokenizer():
-    """A CLIPTokenizer whose vocabulary is the 256 byte symbols (plain and word-final) and no merges."""
+def byte_level_clip_tokenizer(special_tokens_last: bool = False, max_length: int = CLIP_MAX_LENGTH):
+    """A CLIPTokenizer whose vocabulary is the 256 byte symbols (plain and word-final) and no merges.
+
+    `special_tokens_last`: <|startoftext|> and <|endoftext|> take the two highest ids, as in CLIP's own vocabulary
+    (open_clip pools at the highest id; OWL ignores a query whose first id is 0), and padding is id 0 ("!"), as
+    open_clip pads. Otherwise they come first and pad with <|endoftext|>."""
     from transformers import CLIPTokenizer
     from transformers.convert_slow_tokenizer import bytes_to_unicode
 
     symbols = list(bytes_to_unicode().values())
-    tokens = ["<|startoftext|>", "<|endoftext|>", *symbols, *(s + "</w>" for s in symbols)]
-    vocab = {token: i for i, token in enumerate(tokens)}
+    special = ["<|startoftext|>", "<|endoftext|>"]
+    byte_tokens = [*symbols, *(s + "</w>" for s in symbols)]
+    tokens = [*byte_tokens, *special] if special_tokens_last else [*special, *byte_tokens]
     return CLIPTokenizer(
-        vocab=vocab,
+        vocab={token: i for i, token in enumerate(tokens)},
         merges=[],
-        model_max_length=CLIP_MAX_LENGTH,
+        model_max_length=max_length,
         bos_token="<|startoftext|>",
         eos_token="<|endoftext|>",
         unk_token="<|endoftext|>",
-        pad_token="<|endoftext|>",
+        pad_token=symbols[0] if special_tokens_last else "<|endoftext|>",
     )
 
 

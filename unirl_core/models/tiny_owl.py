@@ -29,21 +29,11 @@ TINY_OWL_HIDDEN = 32
 
 
 def byte_level_owl_tokenizer():
-    """A CLIPTokenizer over the 256 byte symbols (plain and word-final), no merges, special tokens last."""
-    from transformers import CLIPTokenizer
-    from transformers.convert_slow_tokenizer import bytes_to_unicode
+    """A CLIPTokenizer over the 256 byte symbols (plain and word-final), no merges, special tokens last, padding
+    with "!" (id 0, OWL's pad token)."""
+    from unirl_core.models.tiny import byte_level_clip_tokenizer
 
-    symbols = list(bytes_to_unicode().values())  # symbols[0] is "!": id 0, OWL's pad token
-    tokens = [*symbols, *(s + "</w>" for s in symbols), "<|startoftext|>", "<|endoftext|>"]
-    return CLIPTokenizer(
-        vocab={token: i for i, token in enumerate(tokens)},
-        merges=[],
-        model_max_length=TINY_OWL_MAX_LENGTH,
-        bos_token="<|startoftext|>",
-        eos_token="<|endoftext|>",
-        unk_token="<|endoftext|>",
-        pad_token="!",
-    )
+    return byte_level_clip_tokenizer(special_tokens_last=True, max_length=TINY_OWL_MAX_LENGTH)
 
 
 def build_tiny_owl(seed: int = 0):

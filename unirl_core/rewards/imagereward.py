@@ -46,7 +46,6 @@ from __future__ import annotations
 import dataclasses
 import functools
 import json
-import pickle
 import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -57,6 +56,7 @@ import numpy as np
 import torch
 from PIL import Image
 
+from unirl_core.rewards.checkpoints import check_keys, read_tensors
 from unirl_core.rewards.clip import in_batches
 
 SCORE_MEAN = 0.16717362830052426
@@ -260,49 +260,14 @@ def preprocess(images: Sequence[Image.Image], size: int) -> torch.Tensor:
 
 def read_state_dict(path: str | Path) -> dict[str, torch.Tensor]:
     """The tensors in a `.pt`/`.pth` state dict (torch.load with weights_only=True) or a `.safetensors` file."""
-    path = Path(path)
-    if path.suffix == ".safetensors":
-        from safetensors import SafetensorError
-        from safetensors.torch import load_file
-
-        try:
-            return load_file(str(path))
-        except SafetensorError as exc:
-            raise ValueError(f"ImageReward checkpoint {str(path)!r} is not a valid safetensors file ({exc})") from None
-    if path.suffix not in (".pt", ".pth"):
-        raise ValueError(f"ImageReward checkpoint {str(path)!r}: expected a .pt, .pth or .safetensors file")
-    try:
-        state = torch.load(path, map_location="cpu", weights_only=True)
-    except (pickle.UnpicklingError, RuntimeError) as exc:
-        reason = str(exc).strip().splitlines()[0]
-        raise ValueError(
-            f"ImageReward checkpoint {str(path)!r} cannot be read by torch.load(weights_only=True) ({reason}): "
-            f"give {CHECKPOINT_HINT}"
-        ) from None
-    if not isinstance(state, dict) or not all(isinstance(value, torch.Tensor) for value in state.values()):
-        raise ValueError(f"ImageReward checkpoint {str(path)!r} is not a state dict of tensors: give {CHECKPOINT_HINT}")
-    return state
+    return read_tensors(path, "ImageReward checkpoint", CHECKPOINT_HINT)
 
 
 def model_state(state: Mapping[str, torch.Tensor], arch: ImageRewardArch, source: str) -> dict[str, torch.Tensor]:
     """`state` (reference names) checked against `arch` and renamed for `ImageRewardModel`, as float32."""
     expected = arch.reference_shapes()
-    missing = [key for key in expected if key not in state]
-    unexpected = [key for key in state if key not in expected and not UNUSED_KEYS.fullmatch(key)]
-    misshapen = [
-        f"{key} {tuple(state[key].shape)} (expected {expected[key]})"
-        for key in expected
-        if key in state and tuple(state[key].shape) != expected[key]
-    ]
-    problems = [
-        f"{len(keys)} {what}, e.g. {', '.join(keys[:3])}"
-        for what, keys in (("missing keys", missing), ("unexpected keys", unexpected), ("wrong shapes", misshapen))
-        if keys
-    ]
-    if problems:
-        raise ValueError(
-            f"ImageReward checkpoint {source!r} does not fit the model ({'; '.join(problems)}): give {CHECKPOINT_HINT}"
-        )
+    mismatch = f"ImageReward checkpoint {source!r} does not fit the model ({{problems}}): give {CHECKPOINT_HINT}"
+    check_keys(state, expected, mismatch, ignored=UNUSED_KEYS)
     return {model_key(key): state[key].float() for key in expected}
 
 

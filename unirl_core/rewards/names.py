@@ -9,6 +9,7 @@ MODEL_REWARDS = {
     "clip_score": "clip",
     "aesthetic": "aesthetic",
     "pickscore": "pickscore",
+    "hpsv2": "hpsv2",
     "ocr": "ocr",
     "imagereward": "imagereward",
     "geneval": "geneval",

@@ -6,6 +6,7 @@
 | clip_score    | CLIP model   | `reward.clip`                    | clip.py       |
 | aesthetic     | CLIP + head  | `reward.aesthetic`               | aesthetic.py  |
 | pickscore     | CLIP-H       | `reward.pickscore`               | clip.py       |
+| hpsv2         | CLIP-H (HPS) | `reward.hpsv2`                   | hpsv2.py      |
 | ocr           | TrOCR        | `reward.ocr`                     | ocr.py        |
 | imagereward   | BLIP + MLP   | `reward.imagereward`             | imagereward.py|
 | geneval       | OWLv2 + CLIP | `reward.geneval` + prompt metadata | geneval.py  |
@@ -56,6 +57,13 @@ def _pickscore(config: RewardConfig, device: str) -> Scorer:
     return PickScore(settings.model_path, settings.processor_path, device, settings.batch_size)
 
 
+def _hpsv2(config: RewardConfig, device: str) -> Scorer:
+    from unirl_core.rewards.hpsv2 import HPSv2Score
+
+    s = config.hpsv2
+    return HPSv2Score(s.checkpoint_path, s.tokenizer_path, s.arch, device, s.batch_size)
+
+
 def _ocr(config: RewardConfig, device: str) -> Scorer:
     from unirl_core.rewards.ocr import OcrScore
 
@@ -86,7 +94,7 @@ def _vlm_judge(config: RewardConfig, device: str) -> Scorer:
 
 
 _FACTORIES: dict[str, Callable[[RewardConfig, str], Scorer]] = {
-    "clip_score": _clip_score, "aesthetic": _aesthetic, "pickscore": _pickscore, "ocr": _ocr,
+    "clip_score": _clip_score, "aesthetic": _aesthetic, "pickscore": _pickscore, "hpsv2": _hpsv2, "ocr": _ocr,
     "imagereward": _imagereward, "geneval": _geneval, "vlm_judge": _vlm_judge,
 }  # fmt: skip
 
@@ -104,6 +112,10 @@ DESCRIPTIONS: dict[str, tuple[str, str]] = {
     "pickscore": (
         "PickScore: exp(logit_scale) x cosine (about 18-23)",
         "reward.pickscore.{model_path, processor_path}: PickScore_v1 + the CLIP-H processor",
+    ),
+    "hpsv2": (
+        "HPSv2/HPSv2.1: cosine(HPS image, HPS prompt), about 0.2-0.35",
+        "reward.hpsv2.{checkpoint_path, tokenizer_path}: HPS_v2.1_compressed.pt + the CLIP-H tokenizer",
     ),
     "ocr": (
         "text accuracy in [0, 1] of the prompt's quoted text, read by OCR (Flow-GRPO's)",

@@ -3,7 +3,8 @@
 The JSON contract, one POST per batch of at most `batch_size` samples:
 
     request   POST <url>   Content-Type: application/json
-              {"prompts": ["a cat", ...], "images": ["<base64 PNG>", ...], "sample_ids": ["prompt:0:sample:0", ...]}
+              {"prompts": ["a cat", ...], "images": ["<base64 PNG>", ...], "sample_ids": ["prompt:0:sample:0", ...],
+               "metadata": [{...}, ...]}     each prompt record's `metadata` ({} when none), e.g. GenEval's checks
     response  200          {"scores": [0.73, ...]}     one number per image, in request order
 
 Any other status is an error. Connection errors and 429/500/502/503/504 are retried `retries` times with
@@ -43,6 +44,8 @@ def png_base64(image: Image.Image) -> str:
 
 class RemoteScorer:
     """A reward served at `url` (contract in the module docstring); called like any reward, with sample ids."""
+
+    wants_metadata = True  # the service passes each sample's prompt metadata
 
     def __init__(
         self,
@@ -87,19 +90,25 @@ class RemoteScorer:
         return f"RemoteScorer({self.url!r}, batch_size={self.batch_size})"
 
     def __call__(
-        self, images: Sequence[Image.Image], prompts: Sequence[str], sample_ids: Sequence[str] = ()
+        self,
+        images: Sequence[Image.Image],
+        prompts: Sequence[str],
+        sample_ids: Sequence[str] = (),
+        metadata: Sequence[dict] | None = None,
     ) -> np.ndarray:
         ids = [str(i) for i in sample_ids] if len(sample_ids) else [str(i) for i in range(len(images))]
-        if not len(prompts) == len(ids) == len(images):
+        metadata = list(metadata) if metadata is not None else [{} for _ in images]
+        if not len(prompts) == len(ids) == len(images) == len(metadata):
             raise ValueError(f"remote scorer {self.url}: {len(images)} images, {len(prompts)} prompts, {len(ids)} ids")
         scores = []
         for start in range(0, len(images), self.batch_size):
             batch = slice(start, start + self.batch_size)
-            scores.append(self._score_batch(images[batch], prompts[batch], ids[batch]))
+            scores.append(self._score_batch(images[batch], prompts[batch], ids[batch], metadata[batch]))
         return np.concatenate(scores) if scores else np.zeros(0)
 
-    def _score_batch(self, images, prompts, sample_ids) -> np.ndarray:
-        body = {"prompts": list(prompts), "images": [png_base64(im) for im in images], "sample_ids": list(sample_ids)}
+    def _score_batch(self, images, prompts, sample_ids, metadata) -> np.ndarray:
+        body = {"prompts": list(prompts), "images": [png_base64(im) for im in images], "sample_ids": list(sample_ids),
+                "metadata": list(metadata)}  # fmt: skip
         response = self._post(json.dumps(body).encode())
         try:
             payload = json.loads(response.data)

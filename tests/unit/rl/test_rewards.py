@@ -59,6 +59,11 @@ def test_remote_scores_come_back_in_order_across_batches(score_server, images):
     assert [len(body["images"]) for body in bodies] == [2, 2, 1]
     assert sum((body["prompts"] for body in bodies), []) == prompts
     assert sum((body["sample_ids"] for body in bodies), []) == IDS
+    assert sum((body["metadata"] for body in bodies), []) == [{}] * 5  # no metadata: one empty object per image
+    records = [{"tag": "counting", "include": [{"class": "cat", "count": i}]} for i in range(5)]
+    service = RewardService({"remote_luma": 1.0}, scorers={"remote_luma": scorer(score_server, batch_size=2)})
+    service.score(images, prompts, IDS, records)
+    assert sum((r["body"]["metadata"] for r in score_server.requests[len(bodies) :]), []) == records
 
 
 def test_remote_retries_a_503_then_succeeds(score_server, images):
