@@ -129,6 +129,8 @@ def test_a_missing_reward_folder_fails_before_any_rollout_naming_it(ray_local, c
     from unirl_core.trainer import plan_rounds, run_round
 
     config = demo(tmp_path / "no-clip", "dedicated", tmp_path / "out")
-    with pytest.raises(RewardError, match=r"could not load clip_score: CLIP model folder .*no-clip.* has no config"):
+    with pytest.raises(
+        RewardError, match=r"could not load clip_score: train.reward.clip: CLIP model folder .*no-clip.* has no config"
+    ):
         run_round(config, plan_rounds(config)[0])
     assert not (tmp_path / "out" / "metrics.jsonl").exists()

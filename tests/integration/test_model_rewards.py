@@ -110,6 +110,10 @@ def test_service_from_config_builds_model_rewards(clip_folder, images, tmp_path,
     unused = config.model_copy(update={"guards": []})
     RewardService.from_config(unused)
     assert "reward.aesthetic is set but aesthetic is neither weighted nor a guard" in caplog.text
+    wrong = config.model_copy(update={"aesthetic": AestheticRewardConfig(clip_model_path=str(tmp_path / "nowhere"),
+                                                                         head_path=str(head_path))})  # fmt: skip
+    with pytest.raises(FileNotFoundError, match=r"^train.reward.aesthetic: CLIP model folder .*nowhere.* config.json"):
+        RewardService.from_config(wrong)  # the recipe key, the folder and the layout it needs
 
 
 @pytest.fixture(scope="module")

@@ -187,3 +187,27 @@ def test_env_var_names_that_look_like_secrets_are_refused_without_echoing_them(t
     with pytest.raises(RecipeError) as info:
         train_config(tmp_path, f"train.ray.secret_env_vars=[Bearer {SECRET}]")
     assert "the NAME of an environment variable" in str(info.value) and SECRET not in str(info.value)
+
+
+def test_dedicated_reward_actors_are_counted_with_the_workers(tmp_path, machine):
+    """`train.reward.placement: dedicated` adds its actors' CPUs and GPUs to what the round asks, with the arithmetic
+    and the keys to change; colocated rewards, or no model reward, ask nothing more."""
+    from unirl_core.distributed.resources import shortfalls
+
+    config = train_config(tmp_path, "train.ray.gpus_per_worker=1", "train.ray.address=ray-head:6379",
+                          "train.reward.weights={clip_score: 1.0}", "train.reward.clip.model_path=/clip",
+                          "train.reward.placement=dedicated", "train.reward.actors.workers=2",
+                          "train.reward.actors.gpus_per_worker=0.5")  # fmt: skip
+    assert shortfalls(config.ray, {"CPU": 64.0, "GPU": 3.0}, "the cluster", config.reward) == []  # 2 + 2 x 0.5
+    assert shortfalls(config.ray, {"CPU": 64.0, "GPU": 2.0}, "the cluster", config.reward) == [
+        "train.ray asks 2 GPUs and train.reward.actors 2 x 0.5 = 1 more, 3 GPUs in all, but the cluster has 2: lower "
+        "train.reward.actors.workers or gpus_per_worker, or set train.reward.placement=colocated"
+    ]
+    from unirl_core.trainer import TrainingConfigError, train_in_process
+
+    local = config.model_copy(update={"ray": config.ray.model_copy(update={"workers": 1})})
+    with pytest.raises(TrainingConfigError, match="dedicated serves the model rewards from Ray actors.*--local"):
+        train_in_process(local)  # before any model or Ray
+    colocated = config.reward.model_copy(update={"placement": "colocated"})
+    assert shortfalls(config.ray, {"CPU": 64.0, "GPU": 2.0}, "the cluster", colocated) == []
+    assert shortfalls(config.ray, {"CPU": 64.0, "GPU": 2.0}, "the cluster", None) == []

@@ -128,26 +128,32 @@ def per_reward_advantages(
 ) -> tuple[torch.Tensor, dict[str, float]]:
     """GDPO's multi-reward advantages (`reward.normalize: per_reward`):
 
-        A_k = normalize_group(r_k)         each weighted reward within its group, by the algorithm's conventions
-        S   = sum_k w_k A_k
-        A   = (S - mean(S)) / (std(S) + eps), clipped to +-adv_clip      one standardization over the batch
+        A_k = normalize_group(r_k)         each reward within its group, by the algorithm's conventions
+        S   = sum_k w_k A_k                weighted, summed
+        A   = S / (std(S) + eps), clipped to +-adv_clip      standardized over the batch (S has mean 0: every A_k
+                                                             is centred within its groups)
 
     A reward whose raw values spread widely (PickScore ~ +-1 vs OCR in [0, 1]) cannot drown the others, and the
-    weights set the rewards' shares of the advantage. `zero_std_ratio` is that of the weighted total."""
+    weights set the rewards' shares of the advantage. A group whose rewards are all equal keeps advantage exactly 0
+    (`drop_zero_advantage` still drops it). `zero_std_ratio` is that of the weighted total."""
     conventions = {"eps": algorithm.adv_eps, "clip": None, "ddof": algorithm.std_ddof}
+    by_prompt = algorithm.group_by == "prompt"
+
+    def normalized(rewards_B: torch.Tensor, **settings) -> tuple[torch.Tensor, dict[str, float]]:
+        if by_prompt:
+            return prompt_group_advantages(prompts, rewards_B, **settings)
+        return group_advantages(rewards_B, group, **settings)
+
     summed = torch.zeros(len(prompts), dtype=torch.float64)
     for name, weight in weights.items():
-        rewards_B = torch.tensor(components[name], dtype=torch.float64)
-        if algorithm.group_by == "prompt":
-            normalized, _ = prompt_group_advantages(prompts, rewards_B, algorithm.std_mode, **conventions)
-        else:
-            normalized, _ = group_advantages(rewards_B, group, algorithm.std_mode, **conventions)
-        summed += weight * normalized.double()
-    advantages = ((summed - summed.mean()) / (summed.std(correction=algorithm.std_ddof) + algorithm.adv_eps)).clamp(
+        advantages_k, _ = normalized(torch.tensor(components[name], dtype=torch.float64), std_mode=algorithm.std_mode,
+                                     **conventions)  # fmt: skip
+        summed += weight * advantages_k.double()
+    advantages = (summed / (summed.std(correction=algorithm.std_ddof) + algorithm.adv_eps)).clamp(
         -algorithm.adv_clip, algorithm.adv_clip
     )
     total = torch.tensor([sum(weights[k] * components[k][i] for k in weights) for i in range(len(prompts))])
-    _, stats = group_advantages(total, group, "group", clip=algorithm.adv_clip)
+    _, stats = normalized(total, std_mode="group", clip=algorithm.adv_clip)
     return advantages.float(), stats | {
         "advantage_mean": advantages.mean().item(),
         "advantage_abs_max": advantages.abs().max().item(),

@@ -667,9 +667,9 @@ class RewardConfig(StrictModel):
 
     normalize: Literal["total", "per_reward"] = "total"
     """How several weighted rewards become advantages. `total`: normalize the weighted sum within each group
-    (flow_grpo's and DiffusionNFT's multi-reward runs). `per_reward`: normalize each weighted reward within its
-    group, sum the weighted advantages, then standardize that sum over the batch (GDPO), so a reward with a wide
-    raw range cannot drown the others. The algorithm's std_mode, std_ddof, adv_eps and grouping apply to each."""
+    (flow_grpo's and DiffusionNFT's multi-reward runs). `per_reward`: normalize each reward within its group,
+    weight and sum those advantages, then standardize the sum over the batch (GDPO), so a reward with a wide raw
+    range cannot drown the others. The algorithm's std_mode, std_ddof, adv_eps and grouping apply to each."""
 
     placement: Literal["colocated", "dedicated"] = "colocated"
     """Where the model rewards run. `colocated`: on each training worker's device, next to the policy.

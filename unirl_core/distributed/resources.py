@@ -63,14 +63,13 @@ def shortfalls(ray_config, available: Mapping[str, float], where: str, reward_co
     have_cpus, have_gpus = float(available.get("CPU", 0)), float(available.get("GPU", 0))
     lines = []
     for name, unit in (("CPU", "CPUs"), ("GPU", "GPUs")):
-        have = float(available.get(name, 0))
-        if rewards[name] and need[name] <= have < need[name] + rewards[name]:
+        have, total = float(available.get(name, 0)), need[name] + rewards[name]
+        if rewards[name] and total > have:
+            per_actor = rewards[name] / reward_config.actors.workers
             lines.append(
-                f"the training workers' {need[name]:g} {unit} + the reward actors' train.reward.actors.workers x "
-                f"{name.lower()}s_per_worker = {reward_config.actors.workers} x "
-                f"{rewards[name] / reward_config.actors.workers:g} = {rewards[name]:g} {unit} = "
-                f"{need[name] + rewards[name]:g} {unit}, but {where} has {have:g}: lower the reward actors' share "
-                "or use train.reward.placement: colocated"
+                f"train.ray asks {need[name]:g} {unit} and train.reward.actors {reward_config.actors.workers} x "
+                f"{per_actor:g} = {rewards[name]:g} more, {total:g} {unit} in all, but {where} has {have:g}: lower "
+                f"train.reward.actors.workers or {name.lower()}s_per_worker, or set train.reward.placement=colocated"
             )
     if need["GPU"] and not have_gpus:
         lines.append(
@@ -82,7 +81,7 @@ def shortfalls(ray_config, available: Mapping[str, float], where: str, reward_co
         lines.append(
             f"train.ray.workers x train.ray.gpus_per_worker = {workers} x {ray_config.gpus_per_worker:g} = "
             f"{need['GPU']:g} GPUs, but {where} has {have_gpus:g}: lower train.ray.workers to "
-            f"{int(have_gpus // ray_config.gpus_per_worker)} or add GPUs"
+            f"{int(max(have_gpus - rewards['GPU'], 0) // ray_config.gpus_per_worker)} or add GPUs"
         )
     if need["CPU"] > have_cpus:
         lines.append(

@@ -5,9 +5,11 @@
 
 Each reward actor loads every model reward of the recipe once (on its own GPU or CPUs, outside the training
 workers' placement group) and scores a whole part per call; a rank waits for all its parts at once. An actor that
-dies (OOM, a crashed CUDA context, a kill) is restarted by Ray, which reloads its models and re-runs the call: the
-step goes on with the same scores, neither lost nor counted twice. Past `actors.max_restarts` the scorer raises
-ScorerUnavailableError (transient): the round resumes from its last committed checkpoint.
+dies (the kernel's OOM killer, a crashed CUDA context, a kill) is restarted by Ray, which reloads its models and
+re-runs the call: the step goes on with the same scores, neither lost nor counted twice. Past `actors.max_restarts`
+the scorer raises ScorerUnavailableError (transient): the round resumes from its last committed checkpoint, as it
+does after a CUDA out-of-memory error inside a live actor. A reward's own error (a prompt OCR cannot score, a
+missing GenEval record) arrives as itself, one line, and is permanent.
 
 Images travel as uint8 arrays through Ray's object store; the policy workers receive `DedicatedScorer`s, which are
 called like any reward (unirl_core/rewards/registry.py `Scorer`).
@@ -23,6 +25,7 @@ import numpy as np
 import ray
 from PIL import Image
 
+from unirl_core.errors import UserError
 from unirl_core.rewards.errors import RewardError, ScorerUnavailableError
 
 logger = logging.getLogger(__name__)
@@ -44,13 +47,12 @@ class RewardActor:
         torch.set_num_threads(max(1, int(cpus)))
         config = RewardConfig.model_validate_json(reward_json)
         device = "cuda" if ray.get_gpu_ids() else "cpu"  # Ray sets CUDA_VISIBLE_DEVICES to this actor's GPU
+        everything = set(config.weights) | set(config.guards) | set(config.remote)
         self.scorers, self.problem = {}, None
         try:
-            built = build_scorers(config, device)
-        except (OSError, ValueError) as exc:  # a missing or wrong weights folder: permanent, reported by `ready`
+            self.scorers = build_scorers(config, device, skip=everything - set(names))
+        except (OSError, ValueError, ImportError) as exc:  # a missing or wrong folder, a missing package: permanent
             self.problem = str(exc)
-            return
-        self.scorers = {name: built[name] for name in names}
 
     def ready(self) -> str | None:
         """None once every reward is loaded, else why one could not be (the user's error message)."""
@@ -58,10 +60,20 @@ class RewardActor:
 
     def score(self, name: str, pixels: list[np.ndarray], prompts: list[str], sample_ids: list[str],
               metadata: list[dict] | None) -> list[float]:  # fmt: skip
+        import torch
+
+        if self.problem:  # a restart whose reload failed
+            raise RewardError(f"reward actor could not reload {name}: {self.problem}")
         scorer, images = self.scorers[name], [Image.fromarray(p) for p in pixels]
-        if getattr(scorer, "wants_metadata", False):
-            return [float(s) for s in scorer(images, prompts, sample_ids, metadata=metadata)]
-        return [float(s) for s in scorer(images, prompts, sample_ids)]
+        try:
+            if getattr(scorer, "wants_metadata", False):
+                return [float(s) for s in scorer(images, prompts, sample_ids, metadata=metadata)]
+            return [float(s) for s in scorer(images, prompts, sample_ids)]
+        except torch.OutOfMemoryError as exc:  # the process lives on: a retried round may find the memory free
+            raise ScorerUnavailableError(
+                f"reward {name} ran out of GPU memory on its actor ({len(images)} images): lower "
+                f"train.reward.{name}'s batch_size or give the actors more memory ({str(exc).splitlines()[0]})"
+            ) from None
 
 
 class DedicatedScorer:
@@ -87,14 +99,21 @@ class DedicatedScorer:
                 f"reward {self.name}: a reward actor died more often than train.reward.actors.max_restarts allows "
                 f"({exc.__class__.__name__}); the round resumes from its last checkpoint"
             ) from None
+        except ray.exceptions.RayTaskError as exc:  # the actor's own error and one-line message, not Ray's traceback
+            if isinstance(exc.cause, UserError | ConnectionError):
+                raise exc.cause from None
+            raise
         return np.asarray([s for part in scores for s in part], dtype=np.float64)
 
 
 @contextlib.contextmanager
-def reward_actors(config, names: list[str], load_timeout_s: float = 600) -> Iterator[dict[str, DedicatedScorer]]:
+def reward_actors(
+    config, names: list[str], runtime_env: dict | None = None, start_timeout_s: float = 900
+) -> Iterator[dict[str, DedicatedScorer]]:
     """`config.actors.workers` reward actors serving `names` (model rewards of `config`, a RewardConfig) for the
-    block, as {name: DedicatedScorer}; killed when the block ends. Waits until every actor has loaded its models
-    (a missing weights folder fails here, before any rollout)."""
+    block, as {name: DedicatedScorer}; killed when the block ends. `runtime_env`: the training workers' (forwarded
+    variables, working_dir). Waits until every actor is placed and has loaded its models (a missing weights folder
+    fails here, before any rollout)."""
     from unirl_core.rewards.names import METADATA_REWARDS
 
     settings = config.actors
@@ -105,13 +124,22 @@ def reward_actors(config, names: list[str], load_timeout_s: float = 600) -> Iter
         max_task_retries=settings.max_restarts,  # a call in flight when the actor died runs again on its restart
     )(RewardActor)
     actors = [
-        actor_cls.options(name=ACTOR_NAME.format(index=index)).remote(
+        actor_cls.options(name=ACTOR_NAME.format(index=index), runtime_env=runtime_env or None).remote(
             config.model_dump_json(), names, settings.cpus_per_worker
         )
         for index in range(settings.workers)
     ]
     try:
-        problems = ray.get([actor.ready.remote() for actor in actors], timeout=load_timeout_s)
+        try:
+            problems = ray.get([actor.ready.remote() for actor in actors], timeout=start_timeout_s)
+        except ray.exceptions.GetTimeoutError:
+            raise RewardError(
+                f"the {settings.workers} reward actor(s) ({settings.cpus_per_worker:g} CPUs, "
+                f"{settings.gpus_per_worker:g} GPUs each: train.reward.actors) did not start within "
+                f"{start_timeout_s:g} s: no node may have that much free, or loading {', '.join(names)} takes longer"
+            ) from None
+        except ray.exceptions.RayActorError as exc:  # died while loading (e.g. out of memory)
+            raise ScorerUnavailableError(f"a reward actor died loading {', '.join(names)}: {exc}") from None
         if any(problems):
             raise RewardError(f"the reward actors could not load {', '.join(names)}: {next(filter(None, problems))}")
         logger.info("%d reward actor(s) serve %s", len(actors), ", ".join(names))

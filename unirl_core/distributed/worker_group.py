@@ -65,7 +65,7 @@ class WorkerGroup:
         bundle = {"CPU": cpus_per_worker, **({"GPU": gpus_per_worker} if gpus_per_worker else {})}
         self.placement_group = placement_group([bundle] * world_size, strategy=strategy)
         self.workers: list[Any] = []
-        env = env or WorkerEnv()
+        self.env = env = env or WorkerEnv()
         try:
             self._wait_placed(bundle, world_size, strategy, ready_timeout_s)
             actor_cls = ray.remote(num_cpus=cpus_per_worker, num_gpus=gpus_per_worker)(worker_cls)

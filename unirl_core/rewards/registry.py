@@ -144,7 +144,7 @@ def used_model_rewards(config: RewardConfig) -> list[str]:
 
 def build_scorers(config: RewardConfig, device: str = "cpu", skip: set[str] = frozenset()) -> dict[str, Scorer]:
     """The model and remote rewards `config` weights or guards, by name, loaded on `device`; `skip`: names
-    scored elsewhere (the dedicated reward actors)."""
+    scored elsewhere (by the dedicated reward actors; a reward actor skips everything it does not serve)."""
     from unirl_core.rewards.remote import RemoteScorer
 
     problems = [f"{path}: got {value!r}; {message}" for path, value, message in config.problems()]
@@ -156,10 +156,15 @@ def build_scorers(config: RewardConfig, device: str = "cpu", skip: set[str] = fr
         if name in skip:
             continue
         if name in used:
-            scorers[name] = _FACTORIES[name](config, device)
+            try:
+                scorers[name] = _FACTORIES[name](config, device)
+            except (OSError, ValueError) as exc:  # a missing or wrong folder: name the recipe key that gave it
+                raise type(exc)(f"train.reward.{section}: {exc}") from None
         elif getattr(config, section) is not None:
             logger.warning("reward.%s is set but %s is neither weighted nor a guard: not loaded", section, name)
     for name, remote in config.remote.items():
+        if name in skip:
+            continue
         if name in used:
             scorers[name] = RemoteScorer.from_config(remote)
         else:

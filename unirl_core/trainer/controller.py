@@ -337,7 +337,7 @@ def run_round(
     rewards = config.reward if round_.stage == "rl" else None
     with (
         worker_group(TrainWorker, config.ray, output_dir(config) / RAY_RECORD, local, credentials, rewards) as group,
-        served_rewards(rewards, local) as served,
+        served_rewards(rewards, local, group) as served,
     ):
         shards = group.run(TrainWorker.build, config.model_dump_json(), round_.stage, served)
         controller = Controller(config, round_, group, tracker, precache, on_step)
@@ -354,8 +354,9 @@ def run_round(
 
 
 @contextlib.contextmanager
-def served_rewards(reward_config, local: bool) -> Iterator[dict]:
-    """{name: scorer} of the model rewards served by dedicated reward actors for the block ({} when colocated)."""
+def served_rewards(reward_config, local: bool, group) -> Iterator[dict]:
+    """{name: scorer} of the model rewards served by dedicated reward actors for the block ({} when colocated); the
+    actors start with the training workers' runtime environment (forwarded variables, working_dir)."""
     from unirl_core.rewards.registry import used_model_rewards
 
     names = used_model_rewards(reward_config) if reward_config and reward_config.placement == "dedicated" else []
@@ -369,7 +370,7 @@ def served_rewards(reward_config, local: bool) -> Iterator[dict]:
         )
     from unirl_core.distributed.reward_actors import reward_actors
 
-    with reward_actors(reward_config, names) as served:
+    with reward_actors(reward_config, names, group.env.runtime_env()) as served:
         yield served
 
 

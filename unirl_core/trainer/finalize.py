@@ -52,9 +52,16 @@ def train_in_process(
 ) -> TrainSummary:
     """Every round of `config` on one rank in this process (no Prefect, no Ray), resumable like the flow's, then
     the export and its registration. The config must have `train.ray.workers: 1`."""
+    from unirl_core.rewards.registry import used_model_rewards
+
     if config.ray.workers != 1:
         raise TrainingConfigError(
             f"train.ray.workers={config.ray.workers}: training in this process runs one rank; set it to 1"
+        )
+    if config.reward.placement == "dedicated" and config.steps and used_model_rewards(config.reward):
+        raise TrainingConfigError(
+            "train.reward.placement: dedicated serves the model rewards from Ray actors, which training in this "
+            "process (--local) does not start: drop --local, or set train.reward.placement=colocated"
         )
     rounds = [run_round(config, r, run_name, precache, on_step=on_step, local=True) for r in plan_rounds(config)]
     final = finalize(config, run_name)

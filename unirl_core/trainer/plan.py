@@ -71,7 +71,8 @@ def _machine_problems(config: TrainConfig) -> list[str]:
 
     if not starts_local_ray(config.ray):
         return []
-    return shortfalls(config.ray, this_machine(), "this machine", config.reward)
+    rewards = config.reward if config.steps else None  # reward actors start with the RL rounds only
+    return shortfalls(config.ray, this_machine(), "this machine", rewards)
 
 
 def _data_problems(config: TrainConfig) -> list[str]:

@@ -213,5 +213,8 @@ def test_per_reward_normalization_weighs_rewards_by_their_weights_not_their_rang
     )
     assert torch.allclose(scaled, advantages, atol=1e-4)  # a reward's units do not matter
     assert stats["zero_std_ratio"] == 0.0
+    flat_b = {"wide": wide[:3] + [7.0] * 3, "narrow": narrow[:3] + [0.5] * 3}  # group b: all equal, both rewards
+    flat, stats = per_reward_advantages(algorithm, prompts, flat_b, weights, 3)
+    assert flat[3:].tolist() == [0.0] * 3 and stats["zero_std_ratio"] == 0.5  # exactly 0: drop_zero_advantage drops it
     with pytest.raises(RecipeError, match="reward.normalize"):
         recipe_from_tree({"train": {"reward": {"normalize": "per_reward"}, "algorithm": {"std_mode": "per_prompt"}}})
