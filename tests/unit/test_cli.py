@@ -51,11 +51,13 @@ def test_recipes_lists_packaged_recipes():
         "flux2_klein_grpo",
         "flux_dev_grpo",
         "flux_kontext_grpo",
+        "flux_ocr_grpo",
         "ingest_parquet",
         "pipeline_demo",
         "prompts_file",
         "qwen_image_edit_grpo",
         "qwen_image_grpo",
+        "sd35_geneval_grpo",
         "sd35_large_grpo",
         "sd35_medium_dancegrpo",
         "sd35_medium_diffusion_nft",
@@ -65,6 +67,7 @@ def test_recipes_lists_packaged_recipes():
         "sd35_medium_grpo_guard",
         "sd35_medium_mixgrpo",
         "sd35_medium_mixgrpo_flash",
+        "sd35_pickscore_grpo",
         "sdxl_ddpo",
     ]
 
