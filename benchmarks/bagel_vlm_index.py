@@ -6,7 +6,9 @@ Writes an N-line captioning JSONL (~200 bytes a line) to a temporary folder, the
 resident memory is that of one worker):
   readlines  BAGEL's reading: every non-blank line kept as a Python str (`readlines` + `strip`), per worker
   ours       `VLMDataset` for that file and layout: the memory-mapped line index, the sharding of the lines over
-             ranks x workers, and a reader's `state()` (what every packed batch carries as `data_status`)
+             ranks x workers, and a reader's `state()` (what every packed batch carries as `data_status`); under
+             `target: unirl` (lines in a seeded permutation) and `target: bagel` (lines sorted by their text
+             first, as BAGEL orders them: every line is read once at the start)
 Printed: build seconds, private (anonymous) memory added (MB; a memory-mapped file's pages are the OS's shared,
 reclaimable page cache, counted once for all workers), and the time of one `state()` call.
 """
@@ -53,7 +55,8 @@ group = GroupConfig(dataset_names=["bench"], weight=1.0,
 gc.collect(); before = anon_mb()
 started = time.perf_counter()
 data = VLMDataset(group, [DatasetInfo(data_dir=str(sys.argv[1]) + ".images", jsonl_path=path)],
-                  encode=lambda text: [0] * len(text.split()), layout=Layout(world_size=world, num_workers=workers))
+                  encode=lambda text: [0] * len(text.split()), layout=Layout(world_size=world, num_workers=workers),
+                  target=sys.argv[4])
 seconds = time.perf_counter() - started
 gc.collect(); anon = anon_mb() - before
 reader = data.reader(workers - 1)
@@ -91,12 +94,15 @@ def main() -> None:
         write_jsonl(path, args.lines)
         size_mb = path.stat().st_size / 1e6
         bagel = measure(READLINES, str(path))
-        ours = measure(OURS, str(path), str(args.world_size), str(args.workers))
+        ours = {target: measure(OURS, str(path), str(args.world_size), str(args.workers), target)
+                for target in ("unirl", "bagel")}  # fmt: skip
     print(f"{args.lines} lines ({size_mb:.0f} MB), {args.world_size} ranks x {args.workers} workers; per worker:")
-    print(f"readlines (BAGEL)  build {bagel['build_s']:6.2f} s   +private {bagel['anon_mb']:7.0f} MB")
-    print(f"ours               build {ours['build_s']:6.2f} s   +private {ours['anon_mb']:7.0f} MB   "
-          f"state() {ours['state_ms']:.3f} ms")  # fmt: skip
-    print(f"memory ours / readlines {ours['anon_mb'] / bagel['anon_mb']:.3f}")
+    print(f"readlines (BAGEL)     build {bagel['build_s']:6.2f} s   +private {bagel['anon_mb']:7.0f} MB")
+    for target, row in ours.items():
+        print(
+            f"ours, target {target:5s}  build {row['build_s']:6.2f} s   +private {row['anon_mb']:7.0f} MB   "
+            f"state() {row['state_ms']:.3f} ms   memory / readlines {row['anon_mb'] / bagel['anon_mb']:.3f}"
+        )
 
 
 if __name__ == "__main__":

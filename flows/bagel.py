@@ -29,6 +29,8 @@ def bagel_export(
     rows_per_row_group: int | None = None,
     caption_keys: list[str] | None = None,
     prompt: str = "Describe the image.",
+    target: Literal["bagel", "unirl"] = "bagel",
+    dataset_name: str | None = None,
 ) -> dict[str, Any]:
     """Export `source` as BAGEL `t2i_pretrain` parquet, `vlm_sft` JSONL + images, or `unified_edit` parquet (from a
     JSONL of trajectories). A re-run rewrites the same bytes; `dataset_info.json` is written last."""
@@ -41,14 +43,17 @@ def bagel_export(
         options = {"rows_per_file": rows, "rows_per_row_group": group}
         if kind == "t2i":
             options["caption_keys"] = tuple(caption_keys or ("txt", "captions"))
+    options |= {"target": target, "dataset_name": dataset_name}
     summary = export_task(kind, source, out_dir, options)
     table = [{"metric": k, "value": str(summary[k])} for k in ("format", "out_dir", "files", "samples")]
     table += [{"metric": f"skipped: {reason}", "value": str(n)} for reason, n in summary["skipped"].items()]
     create_table_artifact(table=table, key="bagel-export-summary", description=f"BAGEL {kind} export of {source}")
     entry = "\n".join(f"    {key!r}: {value!r}," for key, value in summary["dataset_info"].items())
     create_markdown_artifact(
-        markdown=f"BAGEL `{summary['format']}` dataset info (paste under a dataset name in BAGEL's "
-        f"`data/dataset_info.py`, or under `dataset_info:` in a unirl mixture):\n\n```python\n{{\n{entry}\n}}\n```",
+        markdown=f"BAGEL `{summary['format']}` dataset info (target {summary['target']}: paste under "
+        f"`DATASET_INFO[{summary['format']!r}][{summary['dataset_name']!r}]` in BAGEL's `data/dataset_info.py`, or "
+        f"under `dataset_info:` in a unirl mixture):\n\n```python\n{{\n{entry}\n}}\n```\n\nIts group for BAGEL's "
+        f"`--dataset_config_file`: `{summary['bagel_data']}`.",
         key="bagel-dataset-info",
         description=f"dataset_info for {out_dir}",
     )

@@ -56,10 +56,15 @@ def pack_stats(
     rank: Annotated[int, typer.Option(help="The rank whose packs to build.", min=0)] = 0,
     num_workers: Annotated[int, typer.Option(help="DataLoader workers per rank to shard for.", min=1)] = 1,
     worker: Annotated[int, typer.Option(help="The worker whose packs to build.", min=0)] = 0,
+    target: Annotated[
+        str | None,
+        typer.Option(help="Pack for `bagel` (BAGEL's trainer) or `unirl` (instead of the config's `target`)."),
+    ] = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print the statistics as one JSON object.")] = False,
 ) -> None:
-    """Pack N packs of one (rank, worker) and print tokens per pack, fill ratio vs the target, samples per pack by
-    dataset and skipped samples by dataset and reason."""
+    """Pack N packs of one (rank, worker) and print which trainer they are packed for (the config's `target`),
+    tokens per pack, fill ratio vs the target, samples per pack by dataset and skipped samples by dataset and
+    reason."""
     from unirl_core.data.bagel.config import load_mixture
     from unirl_core.data.bagel.datasets import Layout
     from unirl_core.data.bagel.loader import pack_stats as collect
@@ -70,7 +75,9 @@ def pack_stats(
             f"--rank {rank} / --worker {worker} must be below --world-size {world_size} / --num-workers {num_workers}"
         )
     try:
-        mixture = load_mixture(resolve_config(config, _demo_folder()), dataset_info)
+        if target not in (None, "bagel", "unirl"):
+            raise ValueError(f"--target {target!r}: use bagel or unirl")
+        mixture = load_mixture(resolve_config(config, _demo_folder()), dataset_info, target)
         if tokenizer:
             mixture.tokenizer = tokenizer
         stats = collect(mixture, packs, Layout(rank, world_size, num_workers, mixture.seed), worker)
@@ -88,6 +95,7 @@ def _print_stats(config: str, stats: dict) -> None:
 
     console = Console()
     table = Table(title=f"packing: {config}", show_header=False)
+    table.add_row("packed for", {"bagel": "bagel (BAGEL's trainer)", "unirl": "unirl"}[stats["packed_for"]])
     table.add_row("packs", str(stats["packs"]))
     table.add_row(
         "tokens per pack", f"{stats['tokens_per_pack']:.0f} (target {stats['target']}, hard cap {stats['hard_cap']})"
@@ -113,8 +121,18 @@ def _print_stats(config: str, stats: dict) -> None:
     console.print(skipped)
 
 
+TargetOption = Annotated[
+    str,
+    typer.Option(help="bagel: entries and a bagel_data.yaml group BAGEL's trainer accepts as written; unirl: ours."),
+]
+NameOption = Annotated[
+    str | None, typer.Option(help="Dataset name in bagel_data.yaml (default: the output folder's name).")
+]
+
+
 def _report(summary: dict) -> None:
-    typer.echo(json.dumps({k: summary[k] for k in ("format", "samples", "skipped", "dataset_info")}, indent=1))
+    keys = ("format", "target", "samples", "skipped", "dataset_info", "bagel_data")
+    typer.echo(json.dumps({k: summary[k] for k in keys}, indent=1))
 
 
 @export_app.command("t2i")
@@ -128,13 +146,16 @@ def export_t2i(
     caption_key: Annotated[
         list[str] | None, typer.Option(help="Members holding captions: `txt` and/or keys of the .json (repeatable).")
     ] = None,
+    target: TargetOption = "bagel",
+    dataset_name: NameOption = None,
 ) -> None:
     """t2i_pretrain parquet (`image` bytes, `captions` JSON dict) with parquet_info keyed by the real paths."""
     from unirl_core.data.bagel import export
 
     keys = tuple(caption_key) if caption_key else ("txt", "captions")
     _run_export(lambda: export.export_t2i(shards, out, rows_per_file=rows_per_file,
-                                          rows_per_row_group=rows_per_row_group or min(256, rows_per_file), caption_keys=keys))  # fmt: skip
+                                          rows_per_row_group=rows_per_row_group or min(256, rows_per_file), caption_keys=keys,
+                                          target=target, dataset_name=dataset_name))  # fmt: skip
 
 
 @export_app.command("edit")
@@ -143,12 +164,15 @@ def export_edit(
     out: Annotated[str, typer.Argument(help="Output folder.")],
     rows_per_file: Annotated[int, typer.Option(min=1)] = 1024,
     rows_per_row_group: Annotated[int | None, typer.Option(min=1, help="Default: min(64, rows per file).")] = None,
+    target: TargetOption = "bagel",
+    dataset_name: NameOption = None,
 ) -> None:
     """unified_edit parquet (`image_list`, `instruction_list`) with parquet_info keyed by the real paths."""
     from unirl_core.data.bagel import export
 
     _run_export(lambda: export.export_edit(source, out, rows_per_file=rows_per_file,
-                                           rows_per_row_group=rows_per_row_group or min(64, rows_per_file)))  # fmt: skip
+                                           rows_per_row_group=rows_per_row_group or min(64, rows_per_file),
+                                           target=target, dataset_name=dataset_name))  # fmt: skip
 
 
 @export_app.command("vlm")
@@ -156,11 +180,13 @@ def export_vlm(
     shards: Annotated[str, typer.Argument(help="An ingested dataset root, its shards/ folder, or a .tar (or URL).")],
     out: Annotated[str, typer.Argument(help="Output folder for data.jsonl and images/.")],
     prompt: Annotated[str, typer.Option(help="The human turn after the <image> placeholder.")] = "Describe the image.",
+    target: TargetOption = "bagel",
+    dataset_name: NameOption = None,
 ) -> None:
     """vlm_sft JSONL (a captioning conversation per sample) + image folder."""
     from unirl_core.data.bagel import export
 
-    _run_export(lambda: export.export_vlm(shards, out, prompt=prompt))
+    _run_export(lambda: export.export_vlm(shards, out, prompt=prompt, target=target, dataset_name=dataset_name))
 
 
 def _run_export(call) -> None:

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import pickle
 import random
+from dataclasses import replace
 
 import numpy as np
 import pytest
@@ -19,22 +20,38 @@ VAE = ImageTransformArgs(image_stride=16, max_image_size=1024, min_image_size=51
 VIT = ImageTransformArgs(image_stride=14, max_image_size=980, min_image_size=378, max_pixels=2_007_040)
 
 
+SMALL16 = ImageTransformArgs(image_stride=16, max_image_size=256, min_image_size=128)
+
+
+# Expected sizes worked out by hand from BAGEL's rule (transforms.py docstring: round to a pixel, then to the stride,
+# Python's half-to-even `round`; the pixel-budget step scales the sides by the area ratio) and from ours (sides by
+# the square root, one rounding). Rows where the two differ are BAGEL's behaviour the issue found.
 @pytest.mark.parametrize(
-    ("size", "args", "count", "expected"),
+    ("size", "args", "count", "bagel", "unirl"),
     [
-        ((1024, 1024), VAE, 1, (1024, 1024)),  # already in range
-        ((4000, 3000), VAE, 1, (1024, 768)),  # long side capped at max_image_size
-        ((300, 200), VAE, 1, (768, 512)),  # short side raised to min_image_size
-        ((1000, 10), VAE, 1, (1024, 16)),  # extreme aspect: the long side wins, the short side keeps one stride
-        ((1000, 1000), VIT, 1, (980, 980)),  # ViT stride 14: 980 = 70 x 14
-        ((1000, 1000), VIT, 4, (714, 714)),  # 4 images share max_pixels: 980^2 > 2007040/4 -> shrink, re-round
+        ((1024, 1024), VAE, 1, (1024, 1024), (1024, 1024)),  # already in range
+        ((4000, 3000), VAE, 1, (1024, 768), (1024, 768)),  # scale 0.256: long side capped at max_image_size
+        ((300, 200), VAE, 1, (768, 512), (768, 512)),  # scale 2.56: short side raised to min_image_size
+        # scale 51.2 -> 51200 x 512, over max_pixels 1806336: BAGEL x 0.0689 (area ratio) -> 3528 -> 3520 (220.5
+        # rounds to 220), 35.3 -> 32; then the long-side cap -> 1024 x 9.3 -> 16. Ours: x 0.2625 -> 13440 x 128 -> cap
+        ((1000, 10), VAE, 1, (1024, 16), (1024, 16)),
+        ((1000, 1000), VIT, 1, (980, 980), (980, 980)),  # ViT stride 14: 980 = 70 x 14, under the budget
+        # 3 images: 980^2 = 960400 > 2007040 / 3 = 669013: BAGEL x 0.6966 -> 682.7 -> 683 -> 686 (49 strides,
+        # 2401 tokens); ours x sqrt(0.6966) = 0.8346 -> 817.9 -> 812 (58 strides, 3364 tokens)
+        ((1000, 1000), VIT, 3, (686, 686), (812, 812)),
+        # 4 images: budget 501760: BAGEL x 0.5224 -> 512.0 -> 518; ours x 0.7228 -> 708.3 -> 714
+        ((1000, 1000), VIT, 4, (518, 518), (714, 714)),
+        # scale 256 / 378 = 0.6772: width 151.7 -> BAGEL 152 px -> 9.5 strides -> 10 (half to even) -> 160;
+        # ours 151.7 / 16 = 9.48 strides -> 9 -> 144
+        ((224, 378), SMALL16, 1, (160, 256), (144, 256)),
     ],
 )
-def test_target_sizes_follow_the_rule(size, args, count, expected):
-    width, height = target_size(*size, args, count)
-    assert (width, height) == expected
-    assert width % args.image_stride == 0 and height % args.image_stride == 0
-    assert max(width, height) <= args.max_image_size
+def test_target_sizes_follow_each_targets_rule(size, args, count, bagel, unirl):
+    for target, expected in (("bagel", bagel), ("unirl", unirl)):
+        width, height = target_size(*size, replace(args, target=target), count)
+        assert (width, height) == expected, target
+        assert width % args.image_stride == 0 and height % args.image_stride == 0
+        assert max(width, height) <= args.max_image_size
 
 
 def test_transform_values_and_tokens():
@@ -47,11 +64,30 @@ def test_transform_values_and_tokens():
 
 def test_transparency_is_pasted_on_white():
     rgba = Image.new("RGBA", (4, 4), (255, 0, 0, 0))  # fully transparent red
-    assert flatten_on_white(rgba).getpixel((0, 0)) == (255, 255, 255)
     palette = Image.new("P", (4, 4), 0)
     palette.putpalette([0, 0, 0] * 256)
     palette.info["transparency"] = 0
-    assert flatten_on_white(palette).getpixel((1, 1)) == (255, 255, 255)
+    for target in ("bagel", "unirl"):
+        assert flatten_on_white(rgba, target).getpixel((0, 0)) == (255, 255, 255)
+        assert flatten_on_white(palette, target).getpixel((1, 1)) == (255, 255, 255)
+
+
+def test_la_and_trns_pixels_follow_the_target(tmp_path):
+    """BAGEL's pil_img2rgb: an LA image is converted to RGB (its alpha ignored: the grey shows); an RGB PNG with a
+    tRNS key colour goes through RGBA, so the key colour turns white. Ours (unirl) whitens both."""
+    grey = Image.new("LA", (4, 4), (90, 0))  # grey 90, fully transparent
+    assert flatten_on_white(grey, "bagel").getpixel((0, 0)) == (90, 90, 90)
+    assert flatten_on_white(grey, "unirl").getpixel((0, 0)) == (255, 255, 255)
+    keyed = Image.new("RGB", (4, 4), (10, 20, 30))
+    keyed.putpixel((0, 0), (200, 0, 0))
+    keyed.save(tmp_path / "keyed.png", transparency=(10, 20, 30))  # a tRNS chunk: (10, 20, 30) is transparent
+    with Image.open(tmp_path / "keyed.png") as reopened:
+        assert reopened.mode == "RGB" and reopened.info["transparency"] == (10, 20, 30)
+        for target in ("bagel", "unirl"):
+            flat = flatten_on_white(reopened, target)
+            assert flat.getpixel((1, 1)) == (255, 255, 255) and flat.getpixel((0, 0)) == (200, 0, 0)
+        tensor = transform(reopened, replace(VAE, min_image_size=4, target="bagel"))
+        assert tensor.shape == (3, 16, 16) and tensor.max() == 1.0
 
 
 @pytest.mark.parametrize(("files", "ranks", "workers"), [(7, 1, 1), (7, 2, 3), (10, 3, 2), (23, 4, 2), (8, 8, 1)])
@@ -106,3 +142,21 @@ def test_jsonl_index_splits_on_newlines_only_and_drops_blank_lines(tmp_path):
     assert [copy[k] for k in range(len(copy))] == [lines[k] for k in range(len(lines))]
     (tmp_path / "empty.jsonl").write_bytes(b"")
     assert len(JsonLines(str(tmp_path / "empty.jsonl"))) == 0
+
+
+def test_bagel_order_is_bagels_seeded_shuffle_reversed_per_worker():
+    """BAGEL's DistributedIterableDataset: sorted units, random.Random(data_seed).shuffle, a contiguous block per
+    rank then per DataLoader worker, each worker's block walked backwards. Same seed, same order."""
+    names = [f"part-{i:05d}.parquet" for i in range(8)]
+    expected = sorted(names)
+    random.Random(42).shuffle(expected)
+    assigned = assign_files(names[::-1], 2, 2, seed=42, order="bagel")
+    assert assigned == [[expected[0:2][::-1], expected[2:4][::-1]], [expected[4:6][::-1], expected[6:8][::-1]]]
+    assert assigned != assign_files(names, 2, 2, seed=42)  # ours: a numpy permutation, walked forwards
+    lines = np.arange(8)  # integer units (vlm_sft lines) sorted by a key: here, their reversed order
+    by_key = assign_files(lines, 1, 1, seed=0, order="bagel", sort_key=lambda unit: -unit)
+    walk = list(range(8))[::-1]
+    random.Random(0).shuffle(walk)
+    assert by_key[0][0].tolist() == walk[::-1] and by_key[0][0].dtype == np.int64  # still one int64 array
+    with pytest.raises(ShardingError, match="order: 'unirl' then, 'bagel' now"):
+        check_resume(layout_identity(names, 2, 2, 42), names, 2, 2, 42, order="bagel")

@@ -8,6 +8,7 @@ import json
 import random
 import shutil
 from collections import Counter
+from dataclasses import replace
 from pathlib import Path
 
 import pyarrow.parquet as pq
@@ -131,11 +132,28 @@ def test_vlm_plans_match_seed_examples(enc):
         {"type": "text", "has_loss": 1, "text": "one two"}, {"type": "text", "has_loss": 0, "text": "which one ?"},
         {"type": "text", "has_loss": 1, "text": "the first"},
     ]  # fmt: skip
+    # 50176 px shared by 2: 224^2 is over 25088; BAGEL scales the sides by the area ratio 0.5 (224 -> 112), ours by
+    # its square root (224 -> 158.4 -> 154)
     both = vlm_sample(two, [picture, picture], enc, VIT, {})
-    assert [tuple(t.shape) for t in both.image_tensor_list] == [(3, 154, 154)] * 2  # 50176 px shared by 2
+    assert [tuple(t.shape) for t in both.image_tensor_list] == [(3, 112, 112)] * 2
+    ours = vlm_sample(two, [picture, picture], enc, replace(VIT, target="unirl"), {}, "unirl")
+    assert [tuple(t.shape) for t in ours.image_tensor_list] == [(3, 154, 154)] * 2
     with pytest.raises(SkipSample) as no_answer:
         vlm_sample(single[:1], [picture], enc, VIT, {})
     assert no_answer.value.reason == "no_loss"
+
+
+def test_a_system_turn_is_left_out_under_bagel_and_skips_the_sample_under_unirl(enc):
+    """BAGEL's change_format reads only human and gpt turns: a system prompt is ignored and the sample kept."""
+    picture = Image.new("RGB", (300, 300), "white")
+    turns = [{"from": "system", "value": "You are a helpful assistant."},
+             {"from": "human", "value": "What's in this <image>?"}, {"from": "gpt", "value": "a cat"}]  # fmt: skip
+    kept = vlm_sample(turns, [picture], enc, VIT, {}, "bagel")
+    assert kept.text_ids_list == [enc("What's in this"), enc("?"), enc("a cat")]
+    assert plan(kept) == plan(vlm_sample(turns[1:], [picture], enc, VIT, {}, "bagel"))
+    with pytest.raises(SkipSample) as skipped:
+        vlm_sample(turns, [picture], enc, VIT, {}, "unirl")
+    assert skipped.value.reason == "bad_conversation"
 
 
 def test_vlm_video_expands_to_sampled_frames(demo, enc):

@@ -68,7 +68,9 @@ def check_parquet_info(out: Path, summary: dict) -> None:
     """parquet_info keys are BAGEL's os.path.join(data_dir, name) for every parquet in data_dir, real and existing."""
     info = json.loads((out / "dataset_info.json").read_text())
     assert info == summary["dataset_info"]
-    parquet_info = json.loads(Path(info["parquet_info_path"]).read_text())
+    # BAGEL's T2IIterableDataset takes no parquet_info: the entry names it for edit only (and for t2i under unirl)
+    assert ("parquet_info_path" in info) == (summary["format"] == "unified_edit" or summary["target"] == "unirl")
+    parquet_info = json.loads(Path(info.get("parquet_info_path", f"{info['data_dir']}/parquet_info.json")).read_text())
     data_dir = info["data_dir"]
     listed = sorted(os.path.join(data_dir, n) for n in os.listdir(data_dir) if n.endswith(".parquet"))
     assert sorted(parquet_info) == listed and info["num_files"] == len(listed)
@@ -119,7 +121,7 @@ def test_rerun_rewrites_identically_and_drops_stale_parts(dataset, tmp_path):
     assert export_t2i(root, str(tmp_path / "out"), rows_per_file=4, rows_per_row_group=2) == summary
     assert {p.name: p.read_bytes() for p in (tmp_path / "out").iterdir()} == first
     assert sorted(first) == [
-        "dataset_info.json", "export_summary.json", "parquet_info.json",
+        "bagel_data.yaml", "dataset_info.json", "export_summary.json", "parquet_info.json",
         "part-00000.parquet", "part-00001.parquet", "part-00002.parquet",
     ]  # fmt: skip
     check_parquet_info(tmp_path / "out", summary)

@@ -38,10 +38,14 @@ def ingested(tmp_path_factory) -> str:
 def test_exports_load_back_as_a_mixture_and_pack(ingested, demo, tmp_path):
     t2i = export_t2i(ingested, str(tmp_path / "t2i"), rows_per_file=4, rows_per_row_group=2)
     vlm = export_vlm(ingested, str(tmp_path / "vlm"))
+    groups = yaml.safe_load((tmp_path / "t2i" / "bagel_data.yaml").read_text())  # the exports' own groups
+    groups |= yaml.safe_load((tmp_path / "vlm" / "bagel_data.yaml").read_text())
+    assert groups["t2i_pretrain"]["dataset_names"] == ["t2i"] and groups["vlm_sft"]["num_used_data"] == [10]
+    groups["t2i_pretrain"]["image_transform_args"] = VAE_ARGS  # tiny images for a tiny pack
+    groups["vlm_sft"]["image_transform_args"] = VIT_ARGS
     config = {
-        "t2i_pretrain": {"dataset_names": ["ours"], "image_transform_args": VAE_ARGS, "is_mandatory": True, "weight": 1},
-        "vlm_sft": {"dataset_names": ["ours"], "image_transform_args": VIT_ARGS, "weight": 1},
-        "dataset_info": {"t2i_pretrain": {"ours": t2i["dataset_info"]}, "vlm_sft": {"ours": vlm["dataset_info"]}},
+        **groups,
+        "dataset_info": {"t2i_pretrain": {"t2i": t2i["dataset_info"]}, "vlm_sft": {"vlm": vlm["dataset_info"]}},
         "tokenizer": str(demo.parent / "tokenizer"),
         "packing": {"expected_num_tokens": 1024, "max_num_tokens": 1280, "max_num_tokens_per_sample": 600,
                     "prefer_buffer_before": 512},
@@ -93,14 +97,17 @@ def test_dataloader_workers_resume_exactly_from_data_status(demo):
 
 def test_pack_stats_cli_prints_the_table(tmp_path):
     env = {"UNIRL_HOME": str(tmp_path / "home")}
-    result = runner.invoke(app, ["bagel", "pack-stats", "demo", "--packs", "3"], env=env)
+    result = runner.invoke(app, ["bagel", "pack-stats", "demo", "--packs", "8"], env=env)
     assert result.exit_code == 0, result.output
-    for text in ("tokens per pack", "fill ratio vs target", "samples per pack by dataset", "t2i_pretrain",
-                 "unified_edit", "vlm_sft", "bad_image"):  # fmt: skip
+    for text in ("packed for", "bagel (BAGEL's trainer)", "tokens per pack", "fill ratio vs target",
+                 "samples per pack by dataset", "t2i_pretrain", "unified_edit", "vlm_sft", "bad_image"):  # fmt: skip
         assert text in result.output, text
     result = runner.invoke(app, ["bagel", "pack-stats", "demo", "--packs", "4", "--json"], env=env)
     stats = json.loads(result.stdout)
     assert stats["packs"] == 4 and stats["target"] == 4096 and stats["fill_ratio"] >= 1.0
+    assert stats["packed_for"] == "bagel"
+    ours = runner.invoke(app, ["bagel", "pack-stats", "demo", "--packs", "1", "--json", "--target", "unirl"], env=env)
+    assert json.loads(ours.stdout)["packed_for"] == "unirl"
     assert set(stats["samples_per_pack"]) == {"t2i_pretrain", "unified_edit", "vlm_sft"}
     bad = runner.invoke(app, ["bagel", "pack-stats", str(tmp_path / "nope.yaml")], env=env)
     assert bad.exit_code == 2 and "nope.yaml" in bad.stderr
@@ -111,5 +118,5 @@ def test_export_cli_writes_loadable_parquet(ingested, tmp_path):
     assert result.exit_code == 0, result.output
     summary = json.loads(result.stdout)
     assert summary["samples"] == 10 and summary["dataset_info"]["num_files"] == 2
-    info = json.loads(Path(summary["dataset_info"]["parquet_info_path"]).read_text())
+    info = json.loads(Path(summary["dataset_info"]["data_dir"], "parquet_info.json").read_text())
     assert sorted(info) == sorted(str(p) for p in (tmp_path / "out").resolve().glob("*.parquet"))

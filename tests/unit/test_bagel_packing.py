@@ -208,9 +208,10 @@ def test_t2i_layout():
     timesteps = batch["packed_timesteps"]
     assert torch.isfinite(timesteps).all() and (timesteps == timesteps[0]).all()
     assert batch["patchified_vae_latent_shapes"] == [(2, 3)]
-    assert batch["packed_latent_position_ids"].tolist() == [0, 1, 2, 64, 65, 66]
+    assert batch["packed_latent_position_ids"].tolist() == [0, 1, 2, 32, 33, 34]  # BAGEL's max_latent_size 32
     assert torch.equal(batch["padded_images"][0], sample.image_tensor_list[0])
-    assert len(batch["ce_loss_indexes"]) == 0 and len(batch["packed_vit_tokens"]) == 0
+    # BAGEL's to_tensor leaves out the CE and ViT keys of a pack without text loss or ViT images
+    assert not {"ce_loss_indexes", "packed_label_ids", "ce_loss_weights", "packed_vit_tokens"} & set(batch)
     ok = allowed(batch["nested_attention_masks"][0])
     assert torch.equal(ok[:5, :5], torch.ones(5, 5, dtype=torch.bool).tril())  # text: causal
     assert ok[5:, :].all()  # the image sees the caption and all of itself
@@ -339,7 +340,7 @@ def test_cfg_dropout_everything_but_the_noised_target():
     # dropped: clean VAE (pos 0 -> 1), ViT (-> 2), instruction (no change); kept: target at pos 2, answer (no cfg)
     assert batch["packed_text_ids"].tolist() == [3, 4, 1, 31, 32, 33, 2]
     assert batch["packed_position_ids"].tolist() == [2] * 6 + [2, 3, 4, 5, 6]
-    assert batch["mse_loss_indexes"].tolist() == [1, 2, 3, 4] and len(batch["packed_vit_tokens"]) == 0
+    assert batch["mse_loss_indexes"].tolist() == [1, 2, 3, 4] and "packed_vit_tokens" not in batch
     assert torch.isfinite(batch["packed_timesteps"]).all() and batch["padded_images"].shape[0] == 1
     kept = single(sample, text_cond_dropout_prob=0.0, vit_cond_dropout_prob=0.0, vae_cond_dropout_prob=0.0)
     assert kept["sequence_length"] == 27 and kept["padded_images"].shape[0] == 2
@@ -376,12 +377,33 @@ def test_seeded_determinism():
     assert any(not torch.equal(b["packed_timesteps"], next(other)["packed_timesteps"]) for b in batches)
 
 
+CORE = {"sequence_length", "sample_lens", "packed_text_ids", "packed_text_indexes", "packed_position_ids",
+        "batch_data_indexes"}  # fmt: skip
+ATTENTION = {"masks": {"nested_attention_masks"}, "splits": {"split_lens", "attn_modes"}}
+VIT_KEYS = {"packed_vit_tokens", "packed_vit_position_ids", "packed_vit_token_indexes", "vit_token_seqlens"}
+VAE_KEYS = {"padded_images", "patchified_vae_latent_shapes", "packed_latent_position_ids", "packed_vae_token_indexes",
+            "packed_timesteps", "mse_loss_indexes"}  # fmt: skip
+CE_KEYS = {"packed_label_ids", "ce_loss_indexes", "ce_loss_weights"}
+
+
+@pytest.mark.parametrize("attention", ["masks", "splits"])
+@pytest.mark.parametrize("kind, parts", [(vlm, VIT_KEYS | CE_KEYS), (chat, CE_KEYS), (t2i, VAE_KEYS),
+                                         (edit, VAE_KEYS | VIT_KEYS)])  # fmt: skip
+def test_target_bagel_packs_carry_bagels_key_sets(kind, parts, attention):
+    """BAGEL's to_tensor keys, fact by fact: a VLM-only pack has no VAE keys (its trainer passes `padded_images` to
+    the model unless visual_gen), a t2i-only pack no CE keys (empty ones make its CE 0 / 0 with visual_und off)."""
+    config = PackingConfig(**SMALL, attention=attention, vae_cond_dropout_prob=0.0, vit_cond_dropout_prob=0.0)
+    packer = Packer([PackGroup("g", 1.0, True, FakeReader("g", kind))], SPECIAL, config)
+    batch = next(packer)
+    validate_batch(batch, packer.config)
+    assert set(batch) == CORE | ATTENTION[attention] | parts
+
+
 @pytest.mark.parametrize("attention", ["masks", "splits"])
 @pytest.mark.parametrize("kind", [vlm, chat])
-def test_pack_without_vae_images_has_every_key(kind, attention):
-    packer = Packer(
-        [PackGroup("g", 1.0, True, FakeReader("g", kind))], SPECIAL, PackingConfig(**SMALL, attention=attention)
-    )
+def test_target_unirl_packs_without_vae_images_have_every_key(kind, attention):
+    config = PackingConfig(**SMALL, attention=attention, target="unirl")
+    packer = Packer([PackGroup("g", 1.0, True, FakeReader("g", kind))], SPECIAL, config)
     batch = next(packer)
     validate_batch(batch, packer.config)
     assert set(batch) == set(batch_keys(packer.config))
@@ -403,8 +425,16 @@ def test_validate_batch_catches_a_broken_pack():
     broken = dict(batch, packed_timesteps=torch.zeros_like(batch["packed_timesteps"]))
     with pytest.raises(ValueError, match="timestep"):
         validate_batch(broken, packer.config)
-    with pytest.raises(ValueError, match="missing keys"):
+    with pytest.raises(ValueError, match="ce keys .* all present or all absent"):
         validate_batch({k: v for k, v in batch.items() if k != "ce_loss_weights"}, packer.config)
+    with pytest.raises(ValueError, match="empty vit part must be left out"):
+        validate_batch(dict(batch, packed_vit_tokens=torch.zeros(0, 588), packed_vit_position_ids=torch.zeros(0),
+                            packed_vit_token_indexes=torch.zeros(0), vit_token_seqlens=torch.zeros(0)),
+                       packer.config)  # fmt: skip
+    every = mixture(target="unirl")
+    batch = next(every)
+    with pytest.raises(ValueError, match="missing keys"):
+        validate_batch({k: v for k, v in batch.items() if k != "ce_loss_weights"}, every.config)
 
 
 def test_resume_gives_identical_packs():
@@ -422,3 +452,19 @@ def test_resume_gives_identical_packs():
             assert_same_batch(batch, next(resumed))
         assert resumed.stats.num_packs == 10
     assert buffered and carried  # some snapshots held buffered samples and a carried-over one: all rebuilt
+
+
+def test_latent_position_ids_follow_max_latent_size_and_refuse_grids_beyond_it():
+    """BAGEL's trainer lays latent ids out on max_latent_size (its default 32): i * 32 + j. A 34 x 2 latent grid does
+    not fit a model built with 32 (BAGEL would index its position embedding out of range): refused by name."""
+    wide = SampleBuilder(encode, vae=ImageTransformArgs(16, 544, 16, 544 * 544))
+    wide.add_image(picture(random.Random(0), (544, 32)), need_loss=True, need_vae=False, need_vit=False)
+    sample = wide.build({"dataset_name": "one", "index": 0})
+    with pytest.raises(ValueError, match="34x2|2x34"):
+        single(sample)
+    batch = single(sample, max_latent_size=64)  # the released BAGEL-7B-MoT's size
+    assert batch["packed_latent_position_ids"].tolist()[:3] == [0, 1, 2] and batch["patchified_vae_latent_shapes"] == [
+        (2, 34)
+    ]
+    assert batch["packed_latent_position_ids"].tolist()[34:36] == [64, 65]
+    assert PackingConfig().max_latent_size == 32 and PackingConfig(target="unirl").max_latent_size == 64

@@ -38,7 +38,7 @@ def index_of(frame) -> int:
 @pytest.mark.parametrize("suffix", [".mp4", ".mkv"])
 def test_frame_sampler_returns_evenly_spread_frames_in_order(tmp_path, suffix):
     path = write_video(tmp_path / f"clip{suffix}", num_frames=30)
-    sampler = FrameSampler(max_num_frames=12, min_num_frames=8)
+    sampler = FrameSampler(max_num_frames=12, min_num_frames=8, target="unirl")
     for seed in range(5):
         frames, indexes = sampler(path, random.Random(seed))
         assert 8 <= len(frames) <= 12
@@ -46,6 +46,20 @@ def test_frame_sampler_returns_evenly_spread_frames_in_order(tmp_path, suffix):
         assert indexes == sorted(set(indexes)) and indexes[0] >= 0 and indexes[-1] < 30
         assert [index_of(frame) for frame in frames] == indexes
         assert all(frame.mode == "RGB" and frame.size == (32, 24) for frame in frames)
+
+
+def test_bagel_frames_are_drawn_at_random_within_each_segment(tmp_path):
+    """BAGEL's get_frame_indices(sample="rand"): 30 frames in 10 segments [3k, 3k + 3); its range(a, b - 1) draws
+    3k or 3k + 1, never the segment's last frame 3k + 2."""
+    path = write_video(tmp_path / "clip.mkv", num_frames=30)
+    sampler = FrameSampler(max_num_frames=10, min_num_frames=10)  # target bagel, the default
+    seen = set()
+    for seed in range(12):
+        frames, indexes = sampler(path, random.Random(seed))
+        assert len(indexes) == 10 and [index_of(frame) for frame in frames] == indexes
+        assert all(index - 3 * k in (0, 1) for k, index in enumerate(indexes)), indexes
+        seen.add(tuple(indexes))
+    assert len(seen) > 6  # random, not one fixed choice
 
 
 def test_frame_sampler_same_seed_same_frames(tmp_path):
@@ -57,9 +71,14 @@ def test_frame_sampler_same_seed_same_frames(tmp_path):
 
 
 def test_short_video_returns_all_its_frames(tmp_path):
+    """5 frames, 8..12 asked: ours returns the 5; BAGEL's segments of one frame are empty ranges, so it draws 5
+    distinct frames over the video (all of them) and repeats the last up to the count asked."""
     path = write_video(tmp_path / "short.mkv", num_frames=5)
-    frames, indexes = FrameSampler(max_num_frames=12, min_num_frames=8)(path, random.Random(0))
+    frames, indexes = FrameSampler(max_num_frames=12, min_num_frames=8, target="unirl")(path, random.Random(0))
     assert indexes == [0, 1, 2, 3, 4]
+    assert [index_of(frame) for frame in frames] == indexes
+    frames, indexes = FrameSampler(max_num_frames=12, min_num_frames=8)(path, random.Random(0))
+    assert 8 <= len(indexes) <= 12 and indexes == [0, 1, 2, 3, 4] + [4] * (len(indexes) - 5)
     assert [index_of(frame) for frame in frames] == indexes
 
 

@@ -1,5 +1,7 @@
-"""The packed batch contract (packing.py's docstring), checked: every key present, dtypes, every position covered
-exactly once, lengths, masks or splits, VAE timesteps, CE indexes. ValueError names the first broken invariant."""
+"""The packed batch contract (packing.py's docstring), checked: the key set of the target (every key under `unirl`;
+under `bagel` each optional group present exactly when the pack has that part, as BAGEL's `to_tensor` writes it),
+dtypes, every position covered exactly once, lengths, masks or splits, VAE timesteps, CE indexes. ValueError names
+the first broken invariant."""
 
 from __future__ import annotations
 
@@ -15,11 +17,42 @@ _INT64_KEYS = ("packed_text_ids", "packed_text_indexes", "packed_position_ids", 
 _FLOAT32_KEYS = ("padded_images", "packed_timesteps", "packed_vit_tokens", "ce_loss_weights")
 _LIST_KEYS = ("sample_lens", "patchified_vae_latent_shapes", "batch_data_indexes")
 _ATTENTION_KEYS = {"masks": ("nested_attention_masks",), "splits": ("split_lens", "attn_modes")}
+# BAGEL's optional key groups (its to_tensor): each written only when the pack has that part
+OPTIONAL_GROUPS = {
+    "vae": ("padded_images", "patchified_vae_latent_shapes", "packed_latent_position_ids", "packed_vae_token_indexes"),
+    "timesteps": ("packed_timesteps", "mse_loss_indexes"),
+    "vit": ("packed_vit_tokens", "packed_vit_position_ids", "packed_vit_token_indexes", "vit_token_seqlens"),
+    "ce": ("packed_label_ids", "ce_loss_indexes", "ce_loss_weights"),
+}
 
 
 def batch_keys(config: PackingConfig) -> tuple[str, ...]:
-    """Every key of a packed batch in this attention mode."""
+    """Every key a packed batch can have in this attention mode (all of them, always, under target unirl)."""
     return ("sequence_length", *_LIST_KEYS, *_INT64_KEYS, *_FLOAT32_KEYS, *_ATTENTION_KEYS[config.attention])
+
+
+def _empty(key: str, config: PackingConfig) -> Any:
+    if key == "patchified_vae_latent_shapes":
+        return []
+    if key == "padded_images":
+        return torch.zeros(0, 3, 0, 0)
+    if key == "packed_vit_tokens":
+        return torch.zeros(0, config.vit_patch_size**2 * 3)
+    return torch.zeros(0, dtype=torch.float32 if key in _FLOAT32_KEYS else torch.int64)
+
+
+def _with_empty_groups(batch: dict[str, Any], config: PackingConfig) -> dict[str, Any]:
+    """Under target bagel: check each optional group is all there or all absent, absent exactly when the pack has no
+    such part, and fill the absent ones with empties for the checks below."""
+    filled = dict(batch)
+    for name, keys in OPTIONAL_GROUPS.items():
+        present = [key in batch for key in keys]
+        _require(all(present) or not any(present), f"the {name} keys {list(keys)} must be all present or all absent")
+        if all(present):
+            _require(len(batch[keys[0]]) > 0, f"an empty {name} part must be left out under target bagel ({keys[0]})")
+        else:
+            filled |= {key: _empty(key, config) for key in keys}
+    return filled
 
 
 def _require(condition: bool, message: str) -> None:
@@ -29,6 +62,8 @@ def _require(condition: bool, message: str) -> None:
 
 def validate_batch(batch: dict[str, Any], config: PackingConfig) -> None:
     """Check a packed batch against packing.py's contract; ValueError names the first broken invariant."""
+    if config.target == "bagel":
+        batch = _with_empty_groups(batch, config)
     missing = sorted(set(batch_keys(config)) - set(batch))
     foreign = sorted(set(batch) - set(batch_keys(config)))
     _require(not missing and not foreign, f"missing keys {missing}, unexpected keys {foreign}")

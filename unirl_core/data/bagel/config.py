@@ -8,10 +8,18 @@
       weight: 1                       # relative draw weight once the mandatory samples are in
     dataset_info:                     # BAGEL keeps this in dataset_info.py; here: inline, or a path to YAML/JSON
       t2i_pretrain:
-        t2i: {data_dir: t2i/, num_files: 4, num_total_samples: 400, parquet_info_path: t2i/parquet_info.json}
+        t2i: {data_dir: t2i/, num_files: 4, num_total_samples: 400}
     tokenizer: path/to/tokenizer      # ours: any transformers tokenizer folder
     packing: {expected_num_tokens: 32768}  # ours: PackingConfig fields
-    seed: 0                           # ours: sharding, per-sample draws and the packer
+    seed: 42                          # ours: file order (BAGEL's data_seed), per-sample draws and the packer
+    target: bagel                     # ours: bagel (default) | unirl, see below
+
+`target: bagel` follows BAGEL's own data code wherever its trainer sees the difference (image sizes, transparency,
+kept conversations, video frames, file order, batch keys, `max_latent_size` 32) and refuses, before any data is
+read, a config BAGEL's dataset constructors would refuse: a group without `num_used_data`, a `t2i_pretrain` entry
+with `parquet_info_path` (T2IIterableDataset has no such argument), a `unified_edit` entry without it, a `vlm_sft`
+group without `frame_sampler_args` (both required arguments there). `seed` defaults to 42 (BAGEL's `data_seed`).
+`target: unirl` keeps this project's own choices (README, "BAGEL data") and defaults `seed` to 0.
 
 Relative paths are resolved against the YAML's folder. Unknown keys are errors naming the allowed ones. The models
 stand on the shared config base (StrictModel): assignments are validated too, and a weight must be finite.
@@ -20,7 +28,7 @@ stand on the shared config base (StrictModel): assignments are validated too, an
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import yaml
 from pydantic import Field, ValidationError, model_validator
@@ -29,7 +37,8 @@ from unirl_core.config.schema_base import StrictModel
 from unirl_core.data.bagel.transforms import ImageTransformArgs
 
 DATASET_TYPES = ("t2i_pretrain", "unified_edit", "vlm_sft")
-RESERVED_KEYS = ("dataset_info", "tokenizer", "packing", "seed")
+RESERVED_KEYS = ("dataset_info", "tokenizer", "packing", "seed", "target")
+BAGEL_SEED = 42  # BAGEL's DataArguments.data_seed: the seed of its file shuffle
 
 
 class TransformArgs(StrictModel):
@@ -38,8 +47,8 @@ class TransformArgs(StrictModel):
     min_image_size: int = 512  # shortest side is scaled up to at least this, pixels
     max_pixels: int = 14 * 14 * 9 * 1024  # pixel budget of one sample's images, divided by their count
 
-    def build(self) -> ImageTransformArgs:
-        return ImageTransformArgs(**self.model_dump())
+    def build(self, target: str = "bagel") -> ImageTransformArgs:
+        return ImageTransformArgs(**self.model_dump(), target=target)
 
 
 class FrameSamplerArgs(StrictModel):
@@ -85,7 +94,16 @@ class Mixture(StrictModel):
     dataset_info: dict[str, dict[str, DatasetInfo]]
     tokenizer: str | None = None
     packing: dict[str, Any] = Field(default_factory=dict)
-    seed: int = 0
+    seed: int = BAGEL_SEED
+    target: Literal["bagel", "unirl"] = "bagel"
+
+    @model_validator(mode="before")
+    @classmethod
+    def _seed_of_target(cls, data):
+        """`seed` left out: BAGEL's data_seed (42) under `target: bagel`, 0 under `target: unirl`."""
+        if isinstance(data, dict) and data.get("seed") is None:
+            data = {**data, "seed": BAGEL_SEED if data.get("target", "bagel") == "bagel" else 0}
+        return data
 
     @model_validator(mode="after")
     def _consistent(self) -> Mixture:
@@ -100,7 +118,28 @@ class Mixture(StrictModel):
                 )
         if not any(g.weight > 0 for g in self.groups.values()):
             raise ValueError("every group has weight 0: give at least one group a positive `weight`")
+        if self.target == "bagel":
+            self._check_bagel_accepts()
         return self
+
+    def _check_bagel_accepts(self) -> None:
+        """What BAGEL's `PackedDataset.build_datasets` + dataset constructors refuse (TypeError there), named here."""
+        fix = "or set `target: unirl` for a config only this project reads"
+        for kind, group in self.groups.items():
+            if group.num_used_data is None:
+                raise ValueError(f"{kind}: BAGEL's dataset constructors require `num_used_data` (one count per "
+                                 f"dataset name: files, or lines for vlm_sft): add it, {fix}")  # fmt: skip
+            if kind == "vlm_sft" and group.frame_sampler_args is None:
+                raise ValueError(f"vlm_sft: BAGEL's SftJSONLIterableDataset requires a frame sampler: add "
+                                 f"`frame_sampler_args: {{max_num_frames: 12, min_num_frames: 8}}`, {fix}")  # fmt: skip
+            for name in group.dataset_names:
+                info = self.dataset_info[kind][name]
+                if kind == "t2i_pretrain" and info.parquet_info_path is not None:
+                    raise ValueError(f"dataset_info[t2i_pretrain][{name}]: BAGEL's T2IIterableDataset takes no "
+                                     f"`parquet_info` (it lists the files): remove `parquet_info_path`, {fix}")  # fmt: skip
+                if kind == "unified_edit" and info.parquet_info_path is None:
+                    raise ValueError(f"dataset_info[unified_edit][{name}]: BAGEL's edit dataset requires "
+                                     f"`parquet_info_path` (its row groups per file): add it, {fix}")  # fmt: skip
 
     def infos(self, kind: str) -> list[DatasetInfo]:
         return [self.dataset_info[kind][name] for name in self.groups[kind].dataset_names]
@@ -123,8 +162,9 @@ def _load_tree(path: Path) -> dict[str, Any]:
     return tree
 
 
-def load_mixture(path: str | Path, dataset_info: str | Path | None = None) -> Mixture:
-    """The mixture in `path`; `dataset_info` (a YAML/JSON file) overrides the config's own `dataset_info` key."""
+def load_mixture(path: str | Path, dataset_info: str | Path | None = None, target: str | None = None) -> Mixture:
+    """The mixture in `path`; `dataset_info` (a YAML/JSON file) overrides the config's own `dataset_info` key and
+    `target` its `target` key."""
     path = Path(path).expanduser().resolve()
     tree = _load_tree(path)
     info_tree, info_base = tree.get("dataset_info") or {}, path.parent
@@ -137,7 +177,9 @@ def load_mixture(path: str | Path, dataset_info: str | Path | None = None) -> Mi
                 if isinstance(entry, dict) and key in entry:
                     entry[key] = _resolve(entry[key], info_base)
     groups = {k: v for k, v in tree.items() if k not in RESERVED_KEYS}
-    settings = {k: tree[k] for k in ("packing", "seed") if k in tree}
+    settings = {k: tree[k] for k in ("packing", "seed", "target") if k in tree}
+    if target is not None:
+        settings["target"] = target
     try:
         return Mixture(
             groups=groups, dataset_info=info_tree, tokenizer=_resolve(tree.get("tokenizer"), path.parent), **settings

@@ -7,7 +7,9 @@
 | `vlm_sft`           | JSONL `{conversations, image | video}` + image folder | line             | `row_idx`                     |
 
 Each worker walks its own units (`sharding.assign_files`: every unit exactly once, never a silent remainder) epoch
-after epoch. A reader's `state()` is the layout (world size, workers, seed, unit list) plus the last position it
+after epoch, in BAGEL's order under `target: bagel` (the mixture's; vlm_sft lines sorted by their text, as BAGEL
+sorts its `(line, image_dir)` pairs) or this project's under `target: unirl`. A reader's `state()` is the layout
+(world size, workers, seed, order, unit list) plus the last position it
 returned; a reader built from a state continues with exactly the next sample and refuses a state from another
 layout. Rows that cannot become samples (undecodable image, bad JSON, a conversation with no answer ...) are skipped
 and counted by reason in `reader.skipped`, never silently; a worker whose whole pass yields nothing is an error.
@@ -80,15 +82,19 @@ class BagelDataset:
     kind: ClassVar[str]
     unit_name: ClassVar[str] = "files"
 
-    def __init__(self, group: GroupConfig, infos: list[DatasetInfo], encode: Encode, layout: Layout = Layout()):
-        self.name, self.group, self.encode, self.layout = self.kind, group, encode, layout
-        self.vae = group.image_transform_args.build() if group.image_transform_args else None
-        self.vit = group.vit_image_transform_args.build() if group.vit_image_transform_args else None
+    def __init__(
+        self, group: GroupConfig, infos: list[DatasetInfo], encode: Encode, layout: Layout = Layout(),
+        target: str = "bagel",
+    ):  # fmt: skip
+        self.name, self.group, self.encode, self.layout, self.target = self.kind, group, encode, layout, target
+        self.vae = group.image_transform_args.build(target) if group.image_transform_args else None
+        self.vit = group.vit_image_transform_args.build(target) if group.vit_image_transform_args else None
         counts = group.num_used_data or [None] * len(infos)
         self.units = self._all_units([self._units(info, count) for info, count in zip(infos, counts, strict=True)])
-        self.assigned = assign_files(self.units, layout.world_size, layout.num_workers, layout.seed, self.unit_name)
+        self.assigned = assign_files(self.units, layout.world_size, layout.num_workers, layout.seed, self.unit_name,
+                                     order=target, sort_key=self._bagel_sort_key())  # fmt: skip
         self._identity = {"dataset": self.name, "rank": layout.rank} | layout_identity(
-            self.units, layout.world_size, layout.num_workers, layout.seed
+            self.units, layout.world_size, layout.num_workers, layout.seed, target
         )
 
     def reader(self, worker_id: int = 0, state: dict[str, Any] | None = None) -> DatasetReader:
@@ -114,6 +120,10 @@ class BagelDataset:
 
     def _all_units(self, per_dataset: list[list]) -> list:
         return [unit for units in per_dataset for unit in units]
+
+    def _bagel_sort_key(self):
+        """What BAGEL sorts this type's units by before its shuffle; None: the units themselves."""
+        return None
 
     def _chunks(self, unit) -> int:
         return 1
@@ -339,17 +349,20 @@ class VLMDataset(BagelDataset):
     kind = "vlm_sft"
     unit_name = "lines"
 
-    def __init__(self, group: GroupConfig, infos: list[DatasetInfo], encode: Encode, layout: Layout = Layout()):
+    def __init__(
+        self, group: GroupConfig, infos: list[DatasetInfo], encode: Encode, layout: Layout = Layout(),
+        target: str = "bagel",
+    ):  # fmt: skip
         # per JSONL: its line index, the line numbers in use (shuffled and cut; None: all, in file order), images
         self._lines: list[JsonLines] = []
         self._used: list[np.ndarray | None] = []
         self._image_dirs: list[str] = []
-        super().__init__(group, infos, encode, layout)
+        super().__init__(group, infos, encode, layout, target)
         self.frame_sampler = None
         if group.frame_sampler_args is not None:
             from unirl_core.data.bagel.video import FrameSampler
 
-            self.frame_sampler = FrameSampler(**group.frame_sampler_args.model_dump())
+            self.frame_sampler = FrameSampler(**group.frame_sampler_args.model_dump(), target=target)
 
     def _units(self, info: DatasetInfo, count: int | None) -> range:
         if not info.jsonl_path or not info.data_dir:
@@ -372,6 +385,16 @@ class VLMDataset(BagelDataset):
         """Units are integers (no Python object per line): the JSONLs' used lines numbered one after another."""
         self._bases = np.cumsum([0] + [len(units) for units in per_dataset])
         return np.arange(self._bases[-1], dtype=np.int64)
+
+    def _bagel_sort_key(self):
+        """BAGEL sorts its (line, image_dir) pairs: by the line's text (with the newline `readlines` keeps), then the
+        image folder. Reads every used line once, here, to order them."""
+
+        def key(unit: int) -> tuple[bytes, str]:
+            line, image_dir = self._rows(unit, 0)[0]
+            return line + b"\n", image_dir
+
+        return key
 
     def _rows(self, unit: int, chunk: int) -> list[tuple[bytes, str]]:
         source = int(np.searchsorted(self._bases, unit, side="right")) - 1
@@ -397,7 +420,7 @@ class VLMDataset(BagelDataset):
         elif "video" in item:
             images = self._frames(storage.join(image_dir, item["video"]), rng)
             conversations = expand_video(conversations, len(images))
-        return vlm_sample(conversations, images, self.encode, vit, data_indexes)
+        return vlm_sample(conversations, images, self.encode, vit, data_indexes, self.target)
 
     @staticmethod
     def _open(image_dir: str, name: str) -> bytes | str:
@@ -412,7 +435,7 @@ class VLMDataset(BagelDataset):
     def _frames(self, path: str, rng: random.Random) -> list:
         from unirl_core.data.bagel.video import FrameSampler, VideoDecodeError
 
-        sampler = self.frame_sampler or FrameSampler()
+        sampler = self.frame_sampler or FrameSampler(target=self.target)
         try:
             frames, _ = sampler(path, rng)
         except VideoDecodeError as error:

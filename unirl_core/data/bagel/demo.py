@@ -86,7 +86,8 @@ def _edit_rows(rng: random.Random, count: int) -> list[dict]:
     return rows
 
 
-def _write_vlm(folder: Path, rng: random.Random, count: int) -> None:
+def _write_vlm(folder: Path, rng: random.Random, count: int) -> int:
+    """The JSONL and its images; returns the number of lines (one more with the video, when PyAV is installed)."""
     images = folder / "images"
     images.mkdir(parents=True, exist_ok=True)
     lines = []
@@ -116,6 +117,7 @@ def _write_vlm(folder: Path, rng: random.Random, count: int) -> None:
             }
         )
     (folder / "data.jsonl").write_text("".join(json.dumps(line) + "\n" for line in lines))
+    return len(lines)
 
 
 def _write_video(path: Path, rng: random.Random, num_frames: int = 16) -> bool:
@@ -147,23 +149,22 @@ def write_demo_mixture(folder: str | Path, t2i_rows: int = 96, edit_rows: int = 
         [("image_list", pa.list_(pa.binary())), ("instruction_list", pa.list_(pa.list_(pa.string())))]
     )
     _write_parquet(root / "edit", _edit_rows(rng, edit_rows), num_files=2, row_group_size=4, schema=edit_schema)
-    _write_vlm(root / "vlm", rng, vlm_rows)
+    vlm_lines = _write_vlm(root / "vlm", rng, vlm_rows)
     write_tiny_tokenizer(str(root / "tokenizer"))
     mixture = {
         "t2i_pretrain": {"dataset_names": ["demo_t2i"], "image_transform_args": VAE_ARGS, "is_mandatory": True,
-                         "weight": 2},
+                         "num_used_data": [4], "weight": 2},
         "unified_edit": {"dataset_names": ["demo_edit"], "image_transform_args": VAE_ARGS,
-                         "vit_image_transform_args": VIT_ARGS, "weight": 1},
+                         "vit_image_transform_args": VIT_ARGS, "num_used_data": [2], "weight": 1},
         "vlm_sft": {"dataset_names": ["demo_vlm"], "image_transform_args": VIT_ARGS,
                     "frame_sampler_args": {"max_num_frames": 12, "min_num_frames": 8}, "shuffle_lines": True,
-                    "shuffle_seed": 0, "weight": 1},
-        "dataset_info": {
-            "t2i_pretrain": {"demo_t2i": {"data_dir": "t2i", "num_files": 4, "num_total_samples": t2i_rows,
-                                          "parquet_info_path": "t2i/parquet_info.json"}},
+                    "shuffle_seed": 0, "num_used_data": [vlm_lines], "weight": 1},
+        "dataset_info": {  # entries as BAGEL's constructors take them (t2i: no parquet_info_path)
+            "t2i_pretrain": {"demo_t2i": {"data_dir": "t2i", "num_files": 4, "num_total_samples": t2i_rows}},
             "unified_edit": {"demo_edit": {"data_dir": "edit", "num_files": 2, "num_total_samples": edit_rows,
                                            "parquet_info_path": "edit/parquet_info.json"}},
             "vlm_sft": {"demo_vlm": {"data_dir": "vlm/images", "jsonl_path": "vlm/data.jsonl",
-                                     "num_total_samples": vlm_rows}},
+                                     "num_total_samples": vlm_lines}},
         },
         "tokenizer": "tokenizer",
         "packing": DEMO_PACKING,

@@ -10,9 +10,16 @@ The parquet exports also write `parquet_info.json` ({"<path>": {"num_row_groups"
 under `os.path.join(data_dir, name)`, so `data_dir` is the real absolute path of `out_dir` (symlinks resolved; the
 URL as given for a remote store) and the keys are built from it. Parquet files hold several row groups each, so
 BAGEL's file and row-group sharding has units to spread. Every export writes `export_summary.json` (counts, skip
-reasons, settings, sources) and LAST `dataset_info.json`, its commit record: the entry to paste under a dataset
-name in BAGEL's `data/dataset_info.py` (t2i/edit: `data_dir`, `num_files`, `num_total_samples`,
-`parquet_info_path`; vlm: `data_dir` (the image folder), `jsonl_path`, `num_total_samples`).
+reasons, settings, sources), `bagel_data.yaml` and LAST `dataset_info.json`, its commit record:
+- `dataset_info.json`: the entry to paste under `DATASET_INFO[<type>][<name>]` in BAGEL's `data/dataset_info.py`
+  (or a unirl mixture's `dataset_info`), with the keys BAGEL's constructors take under `target: bagel`: t2i
+  `data_dir`, `num_files`, `num_total_samples` (T2IIterableDataset has no `parquet_info` argument); edit the same
+  plus `parquet_info_path` (required there); vlm `data_dir` (the image folder), `jsonl_path`, `num_total_samples`.
+  `target: unirl` also writes `parquet_info_path` for t2i (only this project reads it).
+- `bagel_data.yaml`: the group for BAGEL's `--dataset_config_file` (groups only, as BAGEL's YAML holds no other
+  key), named `<name>` (default: the output folder's name), with BAGEL's example settings for the type and the
+  arguments its constructors require: `num_used_data` (every file once; vlm: every line) and, for vlm_sft,
+  `frame_sampler_args`.
 
 Sources (t2i, vlm): a dataset root or its `shards/` folder (the shards that `_reorganize.json` commits, the
 incomplete tail included, in record order), any other folder of `*.tar` (sorted), one tar, or a list of tars (in
@@ -48,6 +55,7 @@ from typing import Any
 import fsspec
 import pyarrow as pa
 import pyarrow.parquet as pq
+import yaml
 from PIL import Image
 
 from unirl_core.ingest.reorganize import REORGANIZE_RECORD, shards_folder
@@ -57,11 +65,12 @@ from unirl_core.io.tars import iter_samples
 IMAGE_EXTENSIONS = ("jpg", "jpeg", "png", "webp")  # member extensions taken as the image, first present wins
 BAGEL_MAX_PIXELS = 2 * 20_000_000  # BAGEL sets Image.MAX_IMAGE_PIXELS = 20M; Pillow refuses above twice that
 PART = re.compile(r"part-\d{5}\.parquet")
-PARQUET_INFO, DATASET_INFO, SUMMARY, JSONL = (
+PARQUET_INFO, DATASET_INFO, SUMMARY, JSONL, BAGEL_DATA = (
     "parquet_info.json",
     "dataset_info.json",
     "export_summary.json",
     "data.jsonl",
+    "bagel_data.yaml",
 )
 VERIFY_THREADS, VERIFY_BATCH = 8, 64  # Pillow decodes without the GIL: images are checked on a small pool
 # Images are already compressed; pinned options so the same inputs give the same bytes across pyarrow defaults.
@@ -89,6 +98,8 @@ def export_t2i(
     rows_per_file: int = 4096,
     rows_per_row_group: int = 256,
     caption_keys: Sequence[str] = ("txt",),
+    target: str = "bagel",
+    dataset_name: str | None = None,
 ) -> dict[str, Any]:
     """BAGEL `t2i_pretrain` parquet: one row per sample, `image` (original bytes) and `captions` (JSON object).
 
@@ -99,6 +110,7 @@ def export_t2i(
     sample left with none is kept with "{}" (BAGEL then trains it unconditioned) and counted in `without_caption`.
     """
     _check_rows(rows_per_file, rows_per_row_group)
+    _check_target(target)
     if not caption_keys or isinstance(caption_keys, str):
         raise ValueError(f"caption_keys={caption_keys!r} must be a non-empty sequence of names, e.g. ('txt',)")
     tars, out = source_shards(shards_root_or_tars), _begin_parquet(out_dir)
@@ -113,32 +125,45 @@ def export_t2i(
     parts = _write_parts(out, rows, T2I_SCHEMA, rows_per_file, rows_per_row_group)
     settings = {"rows_per_file": rows_per_file, "rows_per_row_group": rows_per_row_group, "caption_keys": caption_keys}
     extra = {"without_caption": without_caption["rows"]}
-    return _commit_parquet(out, "t2i_pretrain", parts, skipped, tars, settings, extra)
+    return _commit_parquet(out, "t2i_pretrain", parts, skipped, tars, settings, extra, target, dataset_name)
 
 
 def export_edit(
-    source: str, out_dir: str, *, rows_per_file: int = 1024, rows_per_row_group: int = 64
+    source: str,
+    out_dir: str,
+    *,
+    rows_per_file: int = 1024,
+    rows_per_row_group: int = 64,
+    target: str = "bagel",
+    dataset_name: str | None = None,
 ) -> dict[str, Any]:
     """BAGEL `unified_edit` parquet from a JSONL of editing trajectories (format in the module docstring): one row
     per valid line, `image_list` (original bytes) and `instruction_list` (phrasings per step), in line order."""
     _check_rows(rows_per_file, rows_per_row_group)
+    _check_target(target)
     if not storage.exists(source):
         raise ValueError(f"edit source {source} does not exist: give a JSONL of {{images, instructions}} lines")
     out, skipped = _begin_parquet(out_dir), Counter()
     rows = _decodable(_edit_candidates(source, skipped), skipped)
     parts = _write_parts(out, rows, EDIT_SCHEMA, rows_per_file, rows_per_row_group)
     settings = {"rows_per_file": rows_per_file, "rows_per_row_group": rows_per_row_group}
-    return _commit_parquet(out, "unified_edit", parts, skipped, [source], settings, {})
+    return _commit_parquet(out, "unified_edit", parts, skipped, [source], settings, {}, target, dataset_name)
 
 
 def export_vlm(
-    shards_root_or_tars: str | Sequence[str], out_dir: str, *, prompt: str = "Describe the image."
+    shards_root_or_tars: str | Sequence[str],
+    out_dir: str,
+    *,
+    prompt: str = "Describe the image.",
+    target: str = "bagel",
+    dataset_name: str | None = None,
 ) -> dict[str, Any]:
     """BAGEL `vlm_sft`: `images/<key>.<ext>` (original bytes) and `data.jsonl`, one captioning conversation per
     sample ("<image>\\n" + prompt -> caption). A sample whose `.txt` caption is missing or blank is skipped and
     counted as `empty_caption`."""
     if not prompt.strip() or "<image>" in prompt:
         raise ValueError(f"prompt {prompt!r} must be non-empty text without '<image>' (the export puts it first)")
+    _check_target(target)
     tars, out = source_shards(shards_root_or_tars), _begin(out_dir)
     images_dir, jsonl_path, skipped, names = f"{out}/images", f"{out}/{JSONL}", Counter(), set()
     storage.remove_temporaries(out, JSONL)
@@ -155,7 +180,7 @@ def export_vlm(
     _remove_stale_images(images_dir, names)
     info = {"data_dir": images_dir, "jsonl_path": jsonl_path, "num_total_samples": len(names)}
     summary = _summary("vlm_sft", out, [jsonl_path], len(names), skipped, tars, {"prompt": prompt}, info)
-    return _commit(out, summary)
+    return _commit(out, summary | _group("vlm_sft", out, dataset_name, len(names), target))
 
 
 # ---------------------------------------------------------------------------------------------------- the sources
@@ -404,7 +429,7 @@ def _write_parts(out: str, rows: Iterator[dict], schema: pa.Schema, rows_per_fil
         parts.append({"name": name, "num_rows": sum(sizes), "num_row_groups": len(sizes)})
 
 
-def _commit_parquet(out, data_type, parts, skipped, sources, settings, extra) -> dict[str, Any]:
+def _commit_parquet(out, data_type, parts, skipped, sources, settings, extra, target, dataset_name) -> dict:
     samples = sum(p["num_rows"] for p in parts)
     _require_samples(samples, skipped)
     keep = {p["name"] for p in parts}
@@ -414,13 +439,47 @@ def _commit_parquet(out, data_type, parts, skipped, sources, settings, extra) ->
     files = [f"{out}/{p['name']}" for p in parts]
     parquet_info = {path: {"num_row_groups": p["num_row_groups"]} for path, p in zip(files, parts, strict=True)}
     storage.write_bytes_atomic(f"{out}/{PARQUET_INFO}", _json(parquet_info))
-    info = {
-        "data_dir": out,
-        "num_files": len(parts),
-        "num_total_samples": samples,
-        "parquet_info_path": f"{out}/{PARQUET_INFO}",
+    info = {"data_dir": out, "num_files": len(parts), "num_total_samples": samples}
+    if data_type == "unified_edit" or target == "unirl":  # BAGEL's T2IIterableDataset refuses a parquet_info
+        info["parquet_info_path"] = f"{out}/{PARQUET_INFO}"
+    summary = _summary(data_type, out, files, samples, skipped, sources, settings, info) | extra
+    return _commit(out, summary | _group(data_type, out, dataset_name, len(parts), target))
+
+
+# BAGEL's data/configs/example.yaml settings per type: what `bagel_data.yaml` starts from
+BAGEL_GROUPS: dict[str, dict[str, Any]] = {
+    "t2i_pretrain": {"image_transform_args": {"image_stride": 16, "max_image_size": 1024, "min_image_size": 512},
+                     "is_mandatory": True, "weight": 1},
+    "unified_edit": {"image_transform_args": {"image_stride": 16, "max_image_size": 1024, "min_image_size": 512},
+                     "vit_image_transform_args": {"image_stride": 14, "max_image_size": 518, "min_image_size": 224},
+                     "is_mandatory": False, "weight": 1},
+    "vlm_sft": {"image_transform_args": {"image_stride": 14, "max_image_size": 980, "min_image_size": 378,
+                                         "max_pixels": 2_007_040},
+                "frame_sampler_args": {"max_num_frames": 12, "min_num_frames": 8}, "is_mandatory": True,
+                "shuffle_lines": True, "shuffle_seed": 0, "weight": 1},
+}  # fmt: skip
+
+
+def _check_target(target: str) -> None:
+    if target not in ("bagel", "unirl"):
+        raise ValueError(f"target {target!r}: use 'bagel' (entries BAGEL's trainer accepts) or 'unirl'")
+
+
+def _group(data_type: str, out: str, name: str | None, units: int, target: str) -> dict[str, Any]:
+    """Write `bagel_data.yaml` (this export as one group of a BAGEL data config); the summary keys naming it."""
+    name = name or re.sub(r"[^A-Za-z0-9_]+", "_", out.rstrip("/").rsplit("/", 1)[-1]).strip("_") or data_type
+    group = {"dataset_names": [name], **BAGEL_GROUPS[data_type], "num_used_data": [units]}
+    header = (f"# BAGEL data config group for {out} (target: {target}). Put dataset_info.json under\n"
+              f"# DATASET_INFO[{data_type!r}][{name!r}] in BAGEL's data/dataset_info.py; merge groups of one type.\n")  # fmt: skip
+    storage.write_bytes_atomic(
+        f"{out}/{BAGEL_DATA}", (header + yaml.safe_dump({data_type: group}, sort_keys=False)).encode()
+    )
+    return {
+        "target": target,
+        "dataset_name": name,
+        "bagel_group": {data_type: group},
+        "bagel_data": f"{out}/{BAGEL_DATA}",
     }
-    return _commit(out, _summary(data_type, out, files, samples, skipped, sources, settings, info) | extra)
 
 
 def _summary(data_type, out, files, samples, skipped, sources, settings, info) -> dict[str, Any]:

@@ -21,7 +21,7 @@ from unirl_core.data.bagel.tokenizer import encode, load_tokenizer
 
 
 def packing_config(mixture: Mixture) -> PackingConfig:
-    return PackingConfig.from_dict({"seed": mixture.seed, **mixture.packing})
+    return PackingConfig.from_dict({"seed": mixture.seed, "target": mixture.target, **mixture.packing})
 
 
 def open_groups(mixture: Mixture, layout: Layout, tokenizer=None) -> tuple[dict[str, Any], Any]:
@@ -32,7 +32,9 @@ def open_groups(mixture: Mixture, layout: Layout, tokenizer=None) -> tuple[dict[
         tokenizer = load_tokenizer(mixture.tokenizer)
     text_tokenizer, special = tokenizer
     datasets = {
-        kind: DATASET_REGISTRY[kind](group, mixture.infos(kind), lambda text: encode(text_tokenizer, text), layout)
+        kind: DATASET_REGISTRY[kind](
+            group, mixture.infos(kind), lambda text: encode(text_tokenizer, text), layout, mixture.target
+        )
         for kind, group in mixture.groups.items()
     }
     return datasets, special
@@ -102,6 +104,7 @@ def pack_stats(
     summary = packer.stats.summary()
     packed = sum(summary["samples_per_pack"].values()) * summary["packs"]
     return summary | {
+        "packed_for": mixture.target,  # whose trainer the packs are for: bagel (BAGEL's) or unirl
         "target": packer.config.expected_num_tokens,
         "hard_cap": packer.config.max_num_tokens,
         "min_fill_ratio": min(fills) if fills else 0.0,

@@ -21,9 +21,14 @@ Changes from BAGEL, all deliberate:
 - One seeded `random.Random` drives the group draws, CFG dropout and timesteps (BAGEL mixes `random` and
   `np.random`); its state is part of `Packer.state()`, so a resumed packer continues with identical packs.
 
-Packed batch contract: a plain dict, always with every key below (BAGEL omits the VAE / ViT / CE keys when a pack has
-none, and its trainer crashes on a pack without a VAE image). Absent parts are empty tensors of the right dtype and
-trailing shape. L = sequence_length, N_vae / N_vit = number of VAE / ViT images, T_vae / T_vit = their token counts.
+Packed batch contract: a plain dict with the keys below. Under `target: bagel` (the default) a pack leaves out, as
+BAGEL's `to_tensor` does, the VAE keys (padded_images, patchified_vae_latent_shapes, packed_latent_position_ids,
+packed_vae_token_indexes) and the timestep keys (packed_timesteps, mse_loss_indexes) when it holds no VAE image, the
+ViT keys when it holds no ViT image, and the CE keys (packed_label_ids, ce_loss_indexes, ce_loss_weights) when it
+holds no text loss: BAGEL's trainer runs a VLM-only pack with `visual_gen: False` only if `padded_images` is absent,
+and a t2i-only pack with `visual_und: False` only if the CE keys are (with empty ones its CE is 0 / 0 = NaN). Under
+`target: unirl` every key is always present, an absent part as an empty tensor of the right dtype and trailing shape.
+L = sequence_length, N_vae / N_vit = number of VAE / ViT images, T_vae / T_vit = their token counts.
 
     sequence_length              int, L (real tokens, never the flex padding)
     sample_lens                  list[int], tokens per sample; "splits" mode appends the pad (see below)
@@ -87,13 +92,20 @@ class PackingConfig:
     vit_cond_dropout_prob: float = 0.3  # CFG dropout of a ViT image with enable_cfg
     vae_cond_dropout_prob: float = 0.3  # CFG dropout of a clean VAE image with enable_cfg (noised targets: never)
     vae_image_downsample: int = 16  # pixels per latent side (VAE downsample 8 x latent patch 2)
-    max_latent_size: int = 64  # latent grid side the position ids are laid out on
+    # latent grid side the position ids are laid out on: the model's own (BAGEL's training default 32, the released
+    # BAGEL-7B-MoT 64); None: 32 under target bagel, 64 under target unirl
+    max_latent_size: int | None = None
     vit_patch_size: int = 14  # pixels per ViT patch side
     max_num_patch_per_side: int = 70  # ViT patch grid side the position ids are laid out on
     attention: str = "masks"  # "masks": a dense [l, l] mask per sample; "splits": flex split_lens + attn_modes
     seed: int = 0  # seeds the packer's generator (group draws, CFG dropout, timesteps)
+    target: str = "bagel"  # "bagel": BAGEL's key set per pack (module docstring); "unirl": every key, always
 
     def __post_init__(self):
+        if self.target not in ("bagel", "unirl"):
+            raise ValueError(f"packing target must be 'bagel' or 'unirl', got {self.target!r}")
+        if self.max_latent_size is None:
+            object.__setattr__(self, "max_latent_size", 32 if self.target == "bagel" else 64)
         positive = ("expected_num_tokens", "max_num_tokens", "max_num_tokens_per_sample", "vae_image_downsample",
                     "max_latent_size", "vit_patch_size", "max_num_patch_per_side")  # fmt: skip
         for name in positive:
@@ -355,15 +367,21 @@ class _Pack:
             "packed_text_indexes": _int64(self.text_indexes),
             "packed_position_ids": _int64(self.position_ids),
         }
+        every = self.config.target == "unirl"
         batch |= self._attention()
-        batch |= self._vae_keys()
-        batch |= self._vit_keys()
-        batch |= {
-            "packed_label_ids": _int64(self.label_ids),
-            "ce_loss_indexes": _int64(self.ce_indexes),
-            "ce_loss_weights": torch.tensor(self.ce_weights, dtype=torch.float32),
-            "batch_data_indexes": list(self.data_indexes),
-        }
+        if every or self.vae_images:
+            batch |= self._vae_keys()
+        if every or self.timesteps:
+            batch |= self._timestep_keys()
+        if every or self.vit_tokens:
+            batch |= self._vit_keys()
+        if every or self.label_ids:
+            batch |= {
+                "packed_label_ids": _int64(self.label_ids),
+                "ce_loss_indexes": _int64(self.ce_indexes),
+                "ce_loss_weights": torch.tensor(self.ce_weights, dtype=torch.float32),
+            }
+        batch["batch_data_indexes"] = list(self.data_indexes)
         return batch
 
     def _attention(self) -> dict[str, Any]:
@@ -382,6 +400,10 @@ class _Pack:
             "patchified_vae_latent_shapes": list(self.latent_shapes),
             "packed_latent_position_ids": _cat_int64(self.latent_position_ids),
             "packed_vae_token_indexes": _int64(self.vae_indexes),
+        }
+
+    def _timestep_keys(self) -> dict[str, Any]:
+        return {
             "packed_timesteps": torch.tensor(self.timesteps, dtype=torch.float32),
             "mse_loss_indexes": _int64(self.mse_indexes),
         }

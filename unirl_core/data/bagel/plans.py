@@ -216,8 +216,12 @@ def edit_sample(
 # ---- vlm_sft ------------------------------------------------------------------------------------------------------
 
 
-def conversation_elements(conversations: list[dict[str, str]], num_images: int) -> list[dict[str, Any]]:
-    """Human turns split at `<image>` (at most `num_images` images), no loss; gpt turns are text with loss."""
+def conversation_elements(
+    conversations: list[dict[str, str]], num_images: int, target: str = "bagel"
+) -> list[dict[str, Any]]:
+    """Human turns split at `<image>` (at most `num_images` images), no loss; gpt turns are text with loss. Any other
+    turn (`system`, ...): left out and the sample kept under `target: bagel` (BAGEL's `change_format` reads only
+    human and gpt turns); the sample skipped as "bad_conversation" under `target: unirl`."""
     elements: list[dict[str, Any]] = []
     for turn in conversations:
         speaker, value = turn.get("from"), turn.get("value", "")
@@ -225,6 +229,8 @@ def conversation_elements(conversations: list[dict[str, str]], num_images: int) 
             elements.append({"type": "text", "has_loss": 1, "text": value})
             continue
         if speaker != "human":
+            if target == "bagel":
+                continue
             raise SkipSample("bad_conversation", f"turn speaker must be 'human' or 'gpt', got {speaker!r}")
         pieces = value.split("<image>")
         for index, piece in enumerate(pieces):
@@ -247,12 +253,12 @@ def expand_video(conversations: list[dict[str, str]], num_frames: int) -> list[d
 
 def vlm_sample(
     conversations: list[dict[str, str]], images: list[Image.Image], encode: Encode, vit: ImageTransformArgs,
-    data_indexes: dict[str, Any],
+    data_indexes: dict[str, Any], target: str = "bagel",
 ) -> Sample:  # fmt: skip
     """Text and ViT images in conversation order; only gpt answers carry loss; no CFG. No answer: SkipSample."""
     builder = SampleBuilder(encode, vit=vit)
     tensors = [transform(image, vit, image_count=len(images)) for image in images]
-    for element in conversation_elements(conversations, len(tensors)):
+    for element in conversation_elements(conversations, len(tensors), target):
         if element["type"] == "text":
             ids = encode(element["text"])
             if ids:

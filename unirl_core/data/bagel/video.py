@@ -1,6 +1,12 @@
-"""BAGEL's video frame sampler (`frame_sampler_args`): n = randint(min_num_frames, max_num_frames) frames, capped
-at the video's length, taken at the middle of n equal segments of the video. A `<video>` placeholder in a `vlm_sft`
-sample becomes one `<image>` per returned frame.
+"""BAGEL's video frame sampler (`frame_sampler_args`): n = randint(min_num_frames, max_num_frames) frames from a
+video of L frames. A `<video>` placeholder in a `vlm_sft` sample becomes one `<image>` per returned frame.
+
+`target: bagel` draws as BAGEL's `get_frame_indices(sample="rand")` does (data/video_utils.py): k = min(n, L)
+segments with bounds int(linspace(0, L, k + 1)); in segment [a, b) one frame drawn from a .. b - 2 (BAGEL's range
+stops one short of the segment's last frame); if any segment is too short for that, k distinct frames drawn from the
+whole video, in order; a video shorter than n repeats its last drawn frame up to n frames. The draws come from the
+sample's own seeded generator (BAGEL uses the global one), so a sample is the same on every visit.
+`target: unirl` takes the middle frame of each of min(n, L) equal segments (no repeats).
 
 Decoding uses PyAV, an optional extra (`pip install 'unirl[video]'`), imported only when a video is read.
 """
@@ -8,8 +14,10 @@ Decoding uses PyAV, an optional extra (`pip install 'unirl[video]'`), imported o
 from __future__ import annotations
 
 import io
+import itertools
 import random
 
+import numpy as np
 from PIL import Image
 
 from unirl_core.io import storage
@@ -33,10 +41,22 @@ def frame_indexes(num_video_frames: int, num_frames: int) -> list[int]:
     return [int((i + 0.5) * num_video_frames / num_frames) for i in range(num_frames)]
 
 
+def bagel_frame_indexes(num_video_frames: int, num_frames: int, rng: random.Random) -> list[int]:
+    """BAGEL's random frame choice (module docstring): `num_frames` indexes, non-decreasing, the last one repeated
+    when the video is shorter."""
+    count = min(num_frames, num_video_frames)
+    bounds = np.linspace(0, num_video_frames, count + 1).astype(int).tolist()
+    try:
+        indexes = [rng.choice(range(start, end - 1)) for start, end in itertools.pairwise(bounds)]
+    except IndexError:  # a segment of 1 or 2 frames: range(start, end - 1) is empty
+        indexes = sorted(rng.sample(range(num_video_frames), count))
+    return indexes + indexes[-1:] * (num_frames - len(indexes))
+
+
 class FrameSampler:
     """Picks `min_num_frames` to `max_num_frames` RGB frames spread evenly across a video."""
 
-    def __init__(self, max_num_frames: int = 12, min_num_frames: int = 8):
+    def __init__(self, max_num_frames: int = 12, min_num_frames: int = 8, target: str = "bagel"):
         if not 1 <= min_num_frames <= max_num_frames:
             raise ValueError(
                 f"frame_sampler_args: need 1 <= min_num_frames <= max_num_frames, "
@@ -44,9 +64,10 @@ class FrameSampler:
             )
         self.max_num_frames = max_num_frames
         self.min_num_frames = min_num_frames
+        self.target = target
 
     def __call__(self, path: str, rng: random.Random) -> tuple[list[Image.Image], list[int]]:
-        """(frames, their indexes in the video), indexes increasing. Raises VideoDecodeError naming `path`."""
+        """(frames, their indexes in the video), indexes non-decreasing. Raises VideoDecodeError naming `path`."""
         av = _import_av()
         num_frames = rng.randint(self.min_num_frames, self.max_num_frames)
         source = _source(path)
@@ -54,7 +75,10 @@ class FrameSampler:
             num_video_frames = _count_frames(av, source, path)
             if num_video_frames == 0:
                 raise VideoDecodeError(f"video {path} has no frames")
-            indexes = frame_indexes(num_video_frames, min(num_frames, num_video_frames))
+            if self.target == "bagel":
+                indexes = bagel_frame_indexes(num_video_frames, num_frames, rng)
+            else:
+                indexes = frame_indexes(num_video_frames, min(num_frames, num_video_frames))
             frames = _decode_frames(av, source, path, indexes)
         except av.FFmpegError as e:  # FileNotFoundError, InvalidDataError, ... all derive from it
             raise VideoDecodeError(f"cannot decode video {path}: {e}") from e
@@ -94,11 +118,12 @@ def _count_frames(av, source: str | io.BytesIO, path: str) -> int:
 
 
 def _decode_frames(av, source: str | io.BytesIO, path: str, indexes: list[int]) -> list[Image.Image]:
-    wanted, frames = set(indexes), []
+    """The frames at `indexes` (a repeated index gives the same frame again); fewer when the stream ends early."""
+    wanted, decoded = set(indexes), {}
     with _open(av, source) as container:
         for i, frame in enumerate(container.decode(_video_stream(container, path))):
             if i in wanted:
-                frames.append(frame.to_image())  # rgb24
+                decoded[i] = frame.to_image()  # rgb24
             if i >= indexes[-1]:
                 break
-    return frames
+    return [decoded[i] for i in indexes if i in decoded]
