@@ -26,8 +26,9 @@ from unirl_core.data.bagel.demo import write_demo_mixture
 from unirl_core.data.bagel.loader import open_groups, open_packer
 from unirl_core.data.bagel.tokenizer import load_tokenizer
 
+# 1024 px VAE images are 64 x 64 latents: the released BAGEL-7B-MoT's max_latent_size (BAGEL's default is 32)
 BAGEL_PACKING = {"expected_num_tokens": 32768, "max_num_tokens": 36864, "max_num_tokens_per_sample": 16384,
-                 "prefer_buffer_before": 16384, "max_buffer_size": 50}  # fmt: skip
+                 "prefer_buffer_before": 16384, "max_buffer_size": 50, "max_latent_size": 64}  # fmt: skip
 
 
 def bagel_scale(mixture) -> None:

@@ -102,7 +102,21 @@ def test_exports_construct_bagels_datasets_as_written(exports, name):
 
 def test_edit_group_is_named_as_asked_and_t2i_after_its_folder(exports):
     assert as_written(exports["edit"])[1]["dataset_names"] == ["my_edits"]
-    assert as_written(exports["t2i"])[1]["dataset_names"] == ["t2i"]
+    parent = os.path.basename(os.path.dirname(exports["t2i"]["out_dir"]))  # a folder named after the kind: its parent's
+    assert as_written(exports["t2i"])[1]["dataset_names"] == [parent.replace("-", "_")]
+
+
+def test_groups_bagel_would_refuse_for_keys_or_transforms_are_refused(exports):
+    kind, group, info = as_written(exports["t2i"])
+    with pytest.raises(ValueError, match="T2IIterableDataset takes no `shuffle_lines`"):
+        Mixture(groups={kind: group | {"shuffle_lines": True}}, dataset_info=info)
+    with pytest.raises(ValueError, match="requires `image_transform_args`"):
+        Mixture(groups={kind: {k: v for k, v in group.items() if k != "image_transform_args"}}, dataset_info=info)
+    kind, group, info = as_written(exports["edit"])
+    with pytest.raises(ValueError, match="requires `vit_image_transform_args`"):
+        Mixture(groups={kind: {k: v for k, v in group.items() if k != "vit_image_transform_args"}}, dataset_info=info)
+    with pytest.raises(ValueError, match="set `target:` at the top level"):
+        Mixture(groups={kind: group}, dataset_info=info, packing={"target": "unirl"})
 
 
 def test_what_bagel_refuses_is_refused_by_the_check_and_by_our_config(exports):

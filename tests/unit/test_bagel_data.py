@@ -160,3 +160,8 @@ def test_bagel_order_is_bagels_seeded_shuffle_reversed_per_worker():
     assert by_key[0][0].tolist() == walk[::-1] and by_key[0][0].dtype == np.int64  # still one int64 array
     with pytest.raises(ShardingError, match="order: 'unirl' then, 'bagel' now"):
         check_resume(layout_identity(names, 2, 2, 42), names, 2, 2, 42, order="bagel")
+
+    old = {k: v for k, v in layout_identity(names, 2, 2, 0).items() if k != "order"}  # saved before `order` existed
+    check_resume(old, names, 2, 2, 0)  # read as this project's order
+    with pytest.raises(ShardingError, match="set `target: unirl`"):
+        check_resume(old, names, 2, 2, 0, order="bagel")

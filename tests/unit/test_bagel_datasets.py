@@ -262,3 +262,18 @@ def test_vlm_shuffle_lines_and_num_used_data_pick_bagels_lines(demo, enc):
     random.Random(7).shuffle(lines)
     assert len(data.units) == 10
     assert [json.loads(data._rows(unit, 0)[0][0]) for unit in data.units] == [json.loads(x) for x in lines[:10]]
+
+
+def test_vlm_lines_come_in_bagels_order(demo, enc):
+    """BAGEL's order for vlm_sft, by hand: the JSONL's lines (shuffle_lines: random.Random(shuffle_seed) over them,
+    then num_used_data), as (line + newline, image folder) pairs sorted, random.Random(seed).shuffle, blocks per
+    rank and worker (one here), each walked backwards."""
+    mixture = load_mixture(demo)
+    group, (info,) = mixture.groups["vlm_sft"], mixture.infos("vlm_sft")
+    lines = [line + "\n" for line in Path(info.jsonl_path).read_text().splitlines() if line.strip()]
+    random.Random(group.shuffle_seed).shuffle(lines)
+    pairs = sorted((line, info.data_dir) for line in lines[: group.num_used_data[0]])
+    random.Random(7).shuffle(pairs)
+    data = dataset(demo, "vlm_sft", Layout(0, 1, 1, 7), enc, mixture)  # one block: blocks are test_bagel_data's
+    walked = [data._rows(unit, 0)[0][0].decode() + "\n" for unit in data.assigned[0][0]]
+    assert walked == [line for line, _ in pairs][::-1]

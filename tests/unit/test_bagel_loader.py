@@ -40,12 +40,15 @@ def test_exports_load_back_as_a_mixture_and_pack(ingested, demo, tmp_path):
     vlm = export_vlm(ingested, str(tmp_path / "vlm"))
     groups = yaml.safe_load((tmp_path / "t2i" / "bagel_data.yaml").read_text())  # the exports' own groups
     groups |= yaml.safe_load((tmp_path / "vlm" / "bagel_data.yaml").read_text())
-    assert groups["t2i_pretrain"]["dataset_names"] == ["t2i"] and groups["vlm_sft"]["num_used_data"] == [10]
+    assert groups["t2i_pretrain"]["dataset_names"] == [t2i["dataset_name"]] and groups["vlm_sft"]["num_used_data"] == [
+        10
+    ]
     groups["t2i_pretrain"]["image_transform_args"] = VAE_ARGS  # tiny images for a tiny pack
     groups["vlm_sft"]["image_transform_args"] = VIT_ARGS
     config = {
         **groups,
-        "dataset_info": {"t2i_pretrain": {"t2i": t2i["dataset_info"]}, "vlm_sft": {"vlm": vlm["dataset_info"]}},
+        "dataset_info": {"t2i_pretrain": {t2i["dataset_name"]: t2i["dataset_info"]},
+                         "vlm_sft": {vlm["dataset_name"]: vlm["dataset_info"]}},
         "tokenizer": str(demo.parent / "tokenizer"),
         "packing": {"expected_num_tokens": 1024, "max_num_tokens": 1280, "max_num_tokens_per_sample": 600,
                     "prefer_buffer_before": 512},

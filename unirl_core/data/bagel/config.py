@@ -38,6 +38,14 @@ from unirl_core.data.bagel.transforms import ImageTransformArgs
 
 DATASET_TYPES = ("t2i_pretrain", "unified_edit", "vlm_sft")
 RESERVED_KEYS = ("dataset_info", "tokenizer", "packing", "seed", "target")
+BAGEL_CLASSES = {"t2i_pretrain": "T2IIterableDataset", "unified_edit": "UnifiedEditIterableDataset",
+                 "vlm_sft": "SftJSONLIterableDataset"}  # fmt: skip
+_GROUP_COMMON = {"dataset_names", "image_transform_args", "is_mandatory", "num_used_data", "weight"}
+BAGEL_GROUP_KEYS = {  # the YAML keys BAGEL's build_datasets turns into each constructor's arguments
+    "t2i_pretrain": _GROUP_COMMON,
+    "unified_edit": _GROUP_COMMON | {"vit_image_transform_args"},
+    "vlm_sft": _GROUP_COMMON | {"frame_sampler_args", "shuffle_lines", "shuffle_seed"},
+}
 BAGEL_SEED = 42  # BAGEL's DataArguments.data_seed: the seed of its file shuffle
 
 
@@ -118,6 +126,10 @@ class Mixture(StrictModel):
                 )
         if not any(g.weight > 0 for g in self.groups.values()):
             raise ValueError("every group has weight 0: give at least one group a positive `weight`")
+        misplaced = sorted({"seed", "target"} & set(self.packing))
+        if misplaced:
+            raise ValueError(f"packing.{misplaced[0]}: set `{misplaced[0]}:` at the top level of the mixture, not under "
+                             "`packing:` (it drives the datasets too)")  # fmt: skip
         if self.target == "bagel":
             self._check_bagel_accepts()
         return self
@@ -126,6 +138,14 @@ class Mixture(StrictModel):
         """What BAGEL's `PackedDataset.build_datasets` + dataset constructors refuse (TypeError there), named here."""
         fix = "or set `target: unirl` for a config only this project reads"
         for kind, group in self.groups.items():
+            foreign = sorted(group.model_fields_set & (set(GroupConfig.model_fields) - BAGEL_GROUP_KEYS[kind]))
+            if foreign:
+                raise ValueError(f"{kind}: BAGEL's {BAGEL_CLASSES[kind]} takes no `{foreign[0]}`: remove it, {fix}")
+            needed = ["image_transform_args"] + (["vit_image_transform_args"] if kind == "unified_edit" else [])
+            for key in needed:
+                if getattr(group, key) is None:
+                    raise ValueError(f"{kind}: BAGEL's {BAGEL_CLASSES[kind]} requires `{key}` (its transform): add "
+                                     f"it, {fix}")  # fmt: skip
             if group.num_used_data is None:
                 raise ValueError(f"{kind}: BAGEL's dataset constructors require `num_used_data` (one count per "
                                  f"dataset name: files, or lines for vlm_sft): add it, {fix}")  # fmt: skip

@@ -17,6 +17,7 @@ and counted by reason in `reader.skipped`, never silently; a worker whose whole 
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import random
 from collections import Counter
@@ -29,7 +30,7 @@ import numpy as np
 import pyarrow.parquet as pq
 import torch
 
-from unirl_core.data.bagel.config import DatasetInfo, GroupConfig
+from unirl_core.data.bagel.config import BAGEL_SEED, DatasetInfo, GroupConfig
 from unirl_core.data.bagel.jsonl import JsonLines
 from unirl_core.data.bagel.plans import (
     Encode,
@@ -54,7 +55,7 @@ class Layout:
     rank: int = 0
     world_size: int = 1
     num_workers: int = 1
-    seed: int = 0  # shuffles the unit list and seeds every per-sample draw
+    seed: int | None = None  # shuffles the unit list, seeds every per-sample draw; None: the mixture's (42, or 0)
 
 
 def _list_parquet(data_dir: str) -> list[str]:
@@ -86,6 +87,8 @@ class BagelDataset:
         self, group: GroupConfig, infos: list[DatasetInfo], encode: Encode, layout: Layout = Layout(),
         target: str = "bagel",
     ):  # fmt: skip
+        if layout.seed is None:  # built without a mixture: the target's default seed
+            layout = dataclasses.replace(layout, seed=BAGEL_SEED if target == "bagel" else 0)
         self.name, self.group, self.encode, self.layout, self.target = self.kind, group, encode, layout, target
         self.vae = group.image_transform_args.build(target) if group.image_transform_args else None
         self.vit = group.vit_image_transform_args.build(target) if group.vit_image_transform_args else None

@@ -467,7 +467,11 @@ def _check_target(target: str) -> None:
 
 def _group(data_type: str, out: str, name: str | None, units: int, target: str) -> dict[str, Any]:
     """Write `bagel_data.yaml` (this export as one group of a BAGEL data config); the summary keys naming it."""
-    name = name or re.sub(r"[^A-Za-z0-9_]+", "_", out.rstrip("/").rsplit("/", 1)[-1]).strip("_") or data_type
+    folders = out.rstrip("/").split("/")
+    base = folders[-1]
+    if base in ("t2i", "vlm", "edit") and len(folders) > 1:  # `<dataset>-bagel/<kind>`: named after the dataset
+        base = folders[-2].removesuffix("-bagel")
+    name = name or re.sub(r"[^A-Za-z0-9_]+", "_", base).strip("_") or data_type
     group = {"dataset_names": [name], **BAGEL_GROUPS[data_type], "num_used_data": [units]}
     header = (f"# BAGEL data config group for {out} (target: {target}). Put dataset_info.json under\n"
               f"# DATASET_INFO[{data_type!r}][{name!r}] in BAGEL's data/dataset_info.py; merge groups of one type.\n")  # fmt: skip

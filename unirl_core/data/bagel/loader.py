@@ -8,6 +8,7 @@ reader position and layout, the overflow buffer, the packer's random state). Kee
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from pathlib import Path
 from typing import Any
@@ -21,7 +22,19 @@ from unirl_core.data.bagel.tokenizer import encode, load_tokenizer
 
 
 def packing_config(mixture: Mixture) -> PackingConfig:
-    return PackingConfig.from_dict({"seed": mixture.seed, "target": mixture.target, **mixture.packing})
+    """The mixture's packing settings; refuses image sizes whose grids the position ids cannot hold, by name, before
+    any data is read (BAGEL would index its position embeddings out of range)."""
+    config = PackingConfig.from_dict({"seed": mixture.seed, "target": mixture.target, **mixture.packing})
+    for kind, group in mixture.groups.items():
+        vae = group.image_transform_args if kind != "vlm_sft" else None
+        if vae is not None and vae.max_image_size // config.vae_image_downsample > config.max_latent_size:
+            raise ValueError(
+                f"{kind}: image_transform_args.max_image_size {vae.max_image_size} gives latent grids of "
+                f"{vae.max_image_size // config.vae_image_downsample} per side, over packing.max_latent_size="
+                f"{config.max_latent_size}: set `packing: {{max_latent_size: 64}}` (the released BAGEL-7B-MoT's; "
+                "BAGEL's trainer: --max_latent_size 64) or lower max_image_size"
+            )
+    return config
 
 
 def open_groups(mixture: Mixture, layout: Layout, tokenizer=None) -> tuple[dict[str, Any], Any]:
@@ -31,6 +44,8 @@ def open_groups(mixture: Mixture, layout: Layout, tokenizer=None) -> tuple[dict[
             raise ValueError("the BAGEL data config names no `tokenizer:` folder (or pass --tokenizer)")
         tokenizer = load_tokenizer(mixture.tokenizer)
     text_tokenizer, special = tokenizer
+    if layout.seed is None:  # the mixture's seed (42, BAGEL's data_seed, unless the config sets one)
+        layout = dataclasses.replace(layout, seed=mixture.seed)
     datasets = {
         kind: DATASET_REGISTRY[kind](
             group, mixture.infos(kind), lambda text: encode(text_tokenizer, text), layout, mixture.target
@@ -44,6 +59,7 @@ def open_packer(
     mixture: Mixture, layout: Layout = Layout(), worker_id: int = 0, state: dict | None = None, tokenizer=None
 ) -> Packer:
     """The packer of one (rank, worker); `state` is a `packer.state()` taken earlier with the same layout."""
+    packing = packing_config(mixture)
     datasets, special = open_groups(mixture, layout, tokenizer)
     groups = [
         PackGroup(
@@ -54,7 +70,7 @@ def open_packer(
         )
         for kind, data in datasets.items()
     ]
-    return Packer(groups, special, packing_config(mixture), state)
+    return Packer(groups, special, packing, state)
 
 
 class PackedDataset(torch.utils.data.IterableDataset):
@@ -121,4 +137,6 @@ def resolve_config(config: str, workspace: Path) -> Path:
     from unirl_core.data.bagel.demo import write_demo_mixture
 
     path = workspace / "mixture.yaml"
-    return path if path.is_file() else write_demo_mixture(workspace)
+    if path.is_file() and "num_used_data" in path.read_text():  # one written before `target` existed: rewrite
+        return path
+    return write_demo_mixture(workspace)

@@ -92,7 +92,10 @@ def check_resume(
 
 def check_identity(state: dict[str, Any], identity: dict[str, Any]) -> None:
     """`check_resume` against an identity already computed (`layout_identity`)."""
-    details = describe_changes(state, identity)
+    details = describe_changes({"order": "unirl"} | state, identity)  # states from before `order`: unirl's
     if details:
-        raise ShardingError(f"the data resume state was saved with another layout ({details}); resume with the "
-                            "original layout or start without the state")  # fmt: skip
+        hint = ""
+        if "order" in details:
+            hint = " (a run started before BAGEL data had `target:` used this project's order: set `target: unirl`)"
+        raise ShardingError(f"the data resume state was saved with another layout ({details}){hint}; resume with "
+                            "the original layout or start without the state")  # fmt: skip
