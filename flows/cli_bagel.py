@@ -69,13 +69,14 @@ def pack_stats(
     from unirl_core.data.bagel.datasets import Layout
     from unirl_core.data.bagel.loader import pack_stats as collect
     from unirl_core.data.bagel.loader import resolve_config
+    from unirl_core.data.bagel.transforms import TARGETS
 
     if rank >= world_size or worker >= num_workers:
         raise _fail(
             f"--rank {rank} / --worker {worker} must be below --world-size {world_size} / --num-workers {num_workers}"
         )
     try:
-        if target not in (None, "bagel", "unirl"):
+        if target is not None and target not in TARGETS:
             raise ValueError(f"--target {target!r}: use bagel or unirl")
         mixture = load_mixture(resolve_config(config, _demo_folder()), dataset_info, target)
         if tokenizer:

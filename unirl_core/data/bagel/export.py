@@ -58,6 +58,7 @@ import pyarrow.parquet as pq
 import yaml
 from PIL import Image
 
+from unirl_core.data.bagel.transforms import TARGETS
 from unirl_core.ingest.reorganize import REORGANIZE_RECORD, shards_folder
 from unirl_core.io import storage
 from unirl_core.io.tars import iter_samples
@@ -461,7 +462,7 @@ BAGEL_GROUPS: dict[str, dict[str, Any]] = {
 
 
 def _check_target(target: str) -> None:
-    if target not in ("bagel", "unirl"):
+    if target not in TARGETS:
         raise ValueError(f"target {target!r}: use 'bagel' (entries BAGEL's trainer accepts) or 'unirl'")
 
 

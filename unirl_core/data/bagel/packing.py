@@ -72,6 +72,7 @@ import torch
 
 from unirl_core.data.bagel.plans import TEXT, VAE_IMAGE, VIT_IMAGE, Sample
 from unirl_core.data.bagel.tokenizer import SpecialTokens
+from unirl_core.data.bagel.transforms import TARGETS
 
 ATTENTION_TYPES = ("masks", "splits")
 ATTN_MODES = ("causal", "full", "noise")
@@ -102,8 +103,8 @@ class PackingConfig:
     target: str = "bagel"  # "bagel": BAGEL's key set per pack (module docstring); "unirl": every key, always
 
     def __post_init__(self):
-        if self.target not in ("bagel", "unirl"):
-            raise ValueError(f"packing target must be 'bagel' or 'unirl', got {self.target!r}")
+        if self.target not in TARGETS:
+            raise ValueError(f"packing target must be one of {TARGETS}, got {self.target!r}")
         if self.max_latent_size is None:
             object.__setattr__(self, "max_latent_size", 32 if self.target == "bagel" else 64)
         positive = ("expected_num_tokens", "max_num_tokens", "max_num_tokens_per_sample", "vae_image_downsample",
