@@ -3,7 +3,8 @@
 Commands that need no orchestration (validate, recipes, prompts show, tiny-models) call unirl_core directly;
 commands that run flows (prompts check) go through Prefect. Heavy imports happen inside each command, so
 `unirl --help` stays fast. Exit codes: 0 success, 2 bad input (the message says what and how to fix it): any
-`UserError` a command raises becomes one `error: <message>` on stderr, in one place (`UserErrorsExit2`).
+`UserError` a command raises becomes one `error: <message>` on stderr, in one place (`UserErrorsExit2`), as does an
+OSError no retry can fix (disk full, read-only, no permission).
 """
 
 from __future__ import annotations
@@ -38,6 +39,14 @@ class UserErrorsExit2(TyperGroup):
             return super().invoke(ctx)
         except UserError as exc:
             typer.echo(f"error: {exc}", err=True)
+            raise typer.Exit(code=BAD_INPUT) from None
+        except OSError as exc:  # disk full, read-only, no permission: one line naming the path, no traceback
+            from unirl_core.io.storage import PERMANENT_ERRNOS, is_permanent
+
+            if not is_permanent(exc):
+                raise
+            where = f"{exc.filename}: " if exc.filename else ""
+            typer.echo(f"error: {where}{PERMANENT_ERRNOS[exc.errno]}", err=True)
             raise typer.Exit(code=BAD_INPUT) from None
 
 

@@ -7,6 +7,7 @@ stores a single PUT (an object is never partly visible).
 
 from __future__ import annotations
 
+import errno
 import os
 import posixpath
 import tempfile
@@ -15,6 +16,48 @@ from contextlib import contextmanager
 from pathlib import Path
 
 import fsspec
+
+from unirl_core.errors import UserError
+
+# OS errors a retry cannot fix: the same write fails the same way until a person acts. Each with what to do.
+PERMANENT_ERRNOS = {
+    errno.ENOSPC: "no space left on the device: free space there or point the output at a larger disk",
+    errno.EDQUOT: "disk quota exceeded: free space there or point the output at a larger disk",
+    errno.EROFS: "read-only file system: point the output at a writable folder",
+    errno.EACCES: "permission denied: make it writable for this user or point the output elsewhere",
+    errno.EPERM: "operation not permitted: make it writable for this user or point the output elsewhere",
+}
+
+
+class StorageError(UserError, OSError):
+    """A permanent OS error (disk full, read-only, no permission) naming the path and the fix: never retried,
+    printed as one line by the `unirl` command (exit 2). Still an OSError with the original errno."""
+
+    def __init__(self, code: int, path: str, what: str):
+        super().__init__(code, PERMANENT_ERRNOS[code], str(path))
+        self.what = what
+
+    def __str__(self) -> str:
+        return f"{self.filename}: {self.what}: {self.strerror}"
+
+
+def is_permanent(exc: BaseException) -> bool:
+    """An OSError a retry cannot fix (PERMANENT_ERRNOS)."""
+    return isinstance(exc, OSError) and exc.errno in PERMANENT_ERRNOS
+
+
+@contextmanager
+def permanent_errors_name(path: str, what: str = "cannot write") -> Iterator[None]:
+    """Inside the block, a permanent OSError becomes a StorageError naming `path` (the error's own file name
+    when it has one); other errors pass unchanged (transient ones stay retryable)."""
+    try:
+        yield
+    except StorageError:
+        raise
+    except OSError as exc:
+        if not is_permanent(exc):
+            raise
+        raise StorageError(exc.errno, exc.filename or path, what) from None
 
 
 def is_url(path: str) -> bool:
@@ -78,38 +121,40 @@ def write_bytes_atomic(path: str, data: bytes) -> None:
         fs.pipe_file(fs_path, data)
         return
     target = Path(path)
-    target.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent)
-    try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, target)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+    with permanent_errors_name(path):
+        target.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent)
+        try:
+            with os.fdopen(fd, "wb") as f:
+                f.write(data)
+                f.flush()
+                os.fsync(f.fileno())
+            os.replace(tmp, target)
+        except BaseException:
+            Path(tmp).unlink(missing_ok=True)
+            raise
 
 
 @contextmanager
 def atomic_local_file(final: str) -> Iterator[str]:
     """A local temporary path to write (`.<name>.<random>.tmp` next to `final` when local); when the block succeeds
     it is fsynced and becomes `final` (a rename, or one upload to an object store); otherwise it is removed."""
-    fd, tmp = tempfile.mkstemp(
-        prefix=f".{basename(final)}.", suffix=".tmp", dir=None if is_url(final) else _ensure_parent(final)
-    )
-    os.close(fd)
-    try:
-        yield tmp
-        with open(tmp, "rb+") as written:
-            os.fsync(written.fileno())
-        if is_url(final):
-            fs, path = fsspec.core.url_to_fs(final)
-            fs.put_file(tmp, path)
-        else:
-            os.replace(tmp, final)
-    finally:
-        Path(tmp).unlink(missing_ok=True)
+    with permanent_errors_name(final):
+        fd, tmp = tempfile.mkstemp(
+            prefix=f".{basename(final)}.", suffix=".tmp", dir=None if is_url(final) else _ensure_parent(final)
+        )
+        os.close(fd)
+        try:
+            yield tmp
+            with open(tmp, "rb+") as written:
+                os.fsync(written.fileno())
+            if is_url(final):
+                fs, path = fsspec.core.url_to_fs(final)
+                fs.put_file(tmp, path)
+            else:
+                os.replace(tmp, final)
+        finally:
+            Path(tmp).unlink(missing_ok=True)
 
 
 def copy_atomic(source: str, target: str, chunk: int = 8 << 20) -> None:
