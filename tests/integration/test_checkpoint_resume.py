@@ -3,6 +3,8 @@ process: the `--local` transport)."""
 
 from __future__ import annotations
 
+import json
+
 import pytest
 import torch
 from local_training import comparable, on_one_rank, train_locally
@@ -36,16 +38,33 @@ def kill_after(step: int):
     return on_step
 
 
-def test_a_run_stopped_mid_way_resumes_with_exactly_the_uninterrupted_steps(tmp_path):
+def logged_steps(output_dir) -> tuple[list[int], dict[str, list[int]]]:
+    """The steps of `metrics.jsonl`'s rows, and per MLflow metric the steps of its history, in logging order."""
+    from mlflow.tracking import MlflowClient
+
+    rows = [json.loads(line) for line in (output_dir / "metrics.jsonl").read_text().splitlines()]
+    client = MlflowClient()
+    run_id = json.loads((output_dir / "mlflow_run.json").read_text())["run_id"]
+    keys = client.get_run(run_id).data.metrics
+    history = {key: [m.step for m in sorted(client.get_metric_history(run_id, key), key=lambda m: m.timestamp)]
+               for key in keys}  # fmt: skip
+    return [row["step"] for row in rows], history
+
+
+def test_a_run_stopped_mid_way_resumes_with_exactly_the_uninterrupted_steps(tmp_path, mlflow_uri):
     train = config(**{"train.algorithm.std_mode": "per_prompt", "train.algorithm.tracker_min_count": 4,
                       "train.steps": 5, "train.checkpoint_every": 2})  # fmt: skip
     straight = train_locally(train, tmp_path / "a")
     first: list[dict] = []
     with pytest.raises(Killed):  # steps 0-2 logged; step 1 committed, step 2 is lost with the process
         train_locally(train, tmp_path / "b", on_step=lambda row: (first.append(row), kill_after(2)(row)))
+    assert logged_steps(tmp_path / "b")[0] == [0, 1, 2]
     resumed = train_locally(train, tmp_path / "b")
     assert [m["step"] for m in resumed] == [2, 3, 4]
     assert comparable(first[:2] + resumed) == comparable(straight)  # bitwise: rewards, losses, ratios, lr
+    rows, history = logged_steps(tmp_path / "b")  # exactly once: step 2 ran twice, is logged once
+    assert rows == [0, 1, 2, 3, 4]
+    assert history["reward_mean"] == [0, 1, 2, 3, 4] and all(steps == sorted(set(steps)) for steps in history.values())
     a, b = (CheckpointManager(tmp_path / name / "checkpoints").latest() for name in ("a", "b"))
     assert a.name == b.name == "step_00000004"
     weights_a, weights_b = trained_weights(train, a), trained_weights(train, b)
@@ -104,3 +123,56 @@ def test_unirl_train_local_checkpoints_and_resumes(tmp_path):
     assert (tmp_path / "checkpoints" / "step_00000001" / "trainer_state.json").is_file()
     again = CliRunner().invoke(app, [*args, "--steps", "2"])
     assert again.exit_code == 0 and "rl round 0: steps 0-1, already committed" in again.stdout, again.output
+
+
+def flip_a_byte(path) -> None:
+    data = bytearray(path.read_bytes())
+    data[len(data) // 2] ^= 0x01
+    path.write_bytes(bytes(data))
+
+
+def test_a_damaged_checkpoint_is_refused_naming_the_file_or_replaced_by_the_previous_one(tmp_path, mlflow_uri):
+    """One flipped byte in the latest checkpoint: `fail` (default) names the file; `previous` moves it aside and
+    trains its steps again from the checkpoint before, to the same bytes; each step is logged once."""
+    from typer.testing import CliRunner
+
+    from flows.cli import app
+
+    train = config(**{"train.steps": 4, "train.checkpoint_every": 1})
+    train_locally(train, tmp_path)
+    root = tmp_path / "checkpoints"
+    damaged = root / "step_00000003" / "__0_0.distcp"
+    committed = json.loads((damaged.parent / "trainer_state.json").read_text())["files"]
+    assert set(committed) == {".metadata", "__0_0.distcp", "train_config.json"}
+    flip_a_byte(damaged)
+    with pytest.raises(CheckpointError, match=r"step_00000003/__0_0\.distcp: CRC-32 is \w{8}, \w{8} was committed"):
+        train_locally(train, tmp_path)  # the round is complete, but a resume would read the damaged file
+    args = [
+        "train",
+        "demo",
+        "--local",
+        "--steps",
+        "4",
+        "--checkpoint-every",
+        "1",
+        "--set",
+        f"train.output_dir={tmp_path}",
+    ]
+    refused = CliRunner().invoke(app, args)
+    assert refused.exit_code == 2 and "__0_0.distcp: CRC-32" in refused.stderr and "Traceback" not in refused.output
+    resumed = train_locally(config(**{"train.steps": 4, "train.checkpoint_every": 1,
+                                      "train.checkpoint.on_corrupt": "previous"}), tmp_path)  # fmt: skip
+    assert [m["step"] for m in resumed] == [3]  # from step 2's checkpoint
+    aside = root / "step_00000003.corrupt"
+    assert aside.is_dir() and [p.name for p in CheckpointManager(root).committed()] == [
+        "step_00000002",
+        "step_00000003",
+    ]
+    again = json.loads((root / "step_00000003" / "trainer_state.json").read_text())["files"]
+    assert again["__0_0.distcp"] == committed["__0_0.distcp"]  # trained again: the bytes it had when committed
+    rows, history = logged_steps(tmp_path)
+    assert rows == [0, 1, 2, 3] and history["reward_mean"] == [0, 1, 2, 3]
+    truncated = root / "step_00000003" / ".metadata"
+    truncated.write_bytes(truncated.read_bytes()[:-10])
+    with pytest.raises(CheckpointError, match=r"step_00000003/\.metadata: has \d+ bytes, \d+ were committed"):
+        train_locally(train, tmp_path)

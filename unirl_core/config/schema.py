@@ -858,6 +858,15 @@ class TrackingConfig(StrictModel):
     """Alias set on the newly registered model version (promote it to `champion` by hand after review)."""
 
 
+class CheckpointConfig(StrictModel):
+    """How committed checkpoints are trusted on resume (each file's size and CRC-32 sit in the commit record)."""
+
+    on_corrupt: Literal["fail", "previous"] = "fail"
+    """A checkpoint file that no longer matches its recorded size or CRC-32 (a flipped byte, a truncated copy):
+    `fail` stops with an error naming the file (exit 2); `previous` moves the damaged checkpoint aside to
+    `step_N.corrupt` and resumes from the previous committed one (its steps are trained again)."""
+
+
 class TrainConfig(StrictModel):
     """Training: the model, the data and sampling, the algorithm and the reward."""
 
@@ -896,6 +905,9 @@ class TrainConfig(StrictModel):
 
     keep_checkpoints: Annotated[Count, Field(ge=2)] = 2
     """Committed checkpoints kept (>= 2: the previous one survives a failed write of the next)."""
+
+    checkpoint: CheckpointConfig = CheckpointConfig()
+    """What a resume does with a damaged checkpoint."""
 
     eval_every_rounds: Annotated[Count, Field(ge=0)] = 0
     """Evaluate every N RL rounds (and after the last): deterministic sampling (eta 0) of the eval prompts

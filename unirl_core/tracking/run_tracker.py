@@ -1,7 +1,9 @@
 """The MLflow run of one training run (one `output_dir`), logged from the controller only.
 
 The run id is stored in `<output_dir>/mlflow_run.json` when the run is created and in every checkpoint's trainer
-state, so a retried or resumed round logs into the same run with the same (monotonic) steps. Every call is
+state, so a retried or resumed round logs into the same run. Exactly once: a reopened run logs a metric only at
+steps past the last one MLflow already holds for it (a step re-run after a kill, logged before its checkpoint
+committed, is not logged twice), so every metric's step axis stays monotonic without duplicates. Every call is
 guarded: when the tracking server is down, training goes on and a warning says what was not logged.
 """
 
@@ -45,6 +47,8 @@ class RunTracker:
         self.run_id: str | None = None
         self.failures = 0
         self.client = None
+        self.reopened = False
+        self.last_step: dict[str, int] = {}  # a reopened run: the last step MLflow holds per metric
 
     # every call below goes through here; `call`: a client method name, or a function
     def _guard(self, what: str, call, *args, **kwargs):
@@ -74,6 +78,7 @@ class RunTracker:
             if record.is_file():
                 self.run_id = json.loads(record.read_text())["run_id"]
                 self.client.update_run(self.run_id, status="RUNNING")
+                self.reopened = True
             else:
                 experiment_id = ensure_experiment(self.experiment, uri)
                 run = self.client.create_run(experiment_id, run_name=self.run_name)
@@ -104,14 +109,25 @@ class RunTracker:
             self._guard("tags", "log_batch", self.run_id, tags=[RunTag(k, str(v)) for k, v in tags.items()])
 
     def log_metrics(self, metrics: Mapping[str, float], step: int) -> None:
-        """One batch call per step (one round trip to a server)."""
+        """One batch call per step (one round trip to a server); in a reopened run, a metric already logged at
+        `step` or later is left out."""
         import time
 
         from mlflow.entities import Metric
 
         now = int(time.time() * 1000)
-        items = [Metric(k, float(v), now, step) for k, v in metrics.items() if isinstance(v, int | float)]
-        self._guard(f"metrics of step {step}", "log_batch", self.run_id, metrics=items)
+        values = {k: float(v) for k, v in metrics.items() if isinstance(v, int | float)}
+        items = [Metric(k, v, now, step) for k, v in values.items() if step > self._last_logged(k)]
+        if items:
+            self._guard(f"metrics of step {step}", "log_batch", self.run_id, metrics=items)
+            self.last_step |= {item.key: step for item in items}
+
+    def _last_logged(self, key: str) -> int:
+        """The last step MLflow holds for `key` (-1: none); asked once per metric, only in a reopened run."""
+        if key not in self.last_step:
+            history = self._guard(f"history of {key}", "get_metric_history", self.run_id, key) if self.reopened else []
+            self.last_step[key] = max((m.step for m in history or []), default=-1)
+        return self.last_step[key]
 
     def log_image(self, image, key: str, step: int) -> None:
         self._guard(f"image {key}", "log_image", self.run_id, image, key=key, step=step)

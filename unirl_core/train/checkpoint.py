@@ -4,7 +4,10 @@
     <root>/step_00000012/trainer_state.json             the commit record, written LAST (temporary name, rename)
 
 A checkpoint exists only when its `trainer_state.json` exists: a kill during a write leaves a folder without it,
-which `latest()` ignores and the next `save` removes. Retention keeps the last `keep` (>= 2) committed checkpoints
+which `latest()` ignores and the next `save` removes. The commit record holds every other file's size and CRC-32
+(`files`), checked before a resume or an export reads the data: a flipped byte or a truncated file is refused naming
+the file, or, with `on_corrupt="previous"`, the damaged checkpoint is moved aside (`step_N.corrupt`, kept for a
+look) and the previous committed one is used. Retention keeps the last `keep` (>= 2) committed checkpoints
 and deletes older ones only after the new one committed. The trainer state holds the step, the data-source and
 advantage-tracker state, the LR scheduler, every RNG state (torch, numpy, python; per rank), the config hash and the
 world size, so a resumed run continues with exactly the next sample and the same random draws.
@@ -22,9 +25,11 @@ from __future__ import annotations
 import base64
 import hashlib
 import json
+import logging
 import random
 import re
 import shutil
+import zlib
 from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any, Protocol
@@ -37,6 +42,10 @@ from unirl_core.io.storage import write_bytes_atomic
 
 STATE_FILE = "trainer_state.json"
 STEP_DIR = re.compile(r"^step_(\d{8})$")
+ON_CORRUPT = ("fail", "previous")
+BLOCK = 8 << 20
+
+log = logging.getLogger("unirl.checkpoint")
 
 
 class CheckpointError(UserError, RuntimeError):
@@ -46,9 +55,47 @@ class CheckpointError(UserError, RuntimeError):
 # Settings that may change between a run and its resume: where and how it runs, not what it computes. (The
 # world size is checked on its own, with its own message.)
 RESUMABLE_CHANGES = {
-    "output_dir", "ray", "steps_per_round", "checkpoint_every", "keep_checkpoints", "eval_every_rounds",
+    "output_dir", "ray", "steps_per_round", "checkpoint_every", "keep_checkpoints", "checkpoint", "eval_every_rounds",
     "eval_prompts", "tracking",
 }  # fmt: skip
+
+
+def file_digests(folder: Path) -> dict[str, dict[str, Any]]:
+    """{relative name: {"bytes": size, "crc32": "8 hex"}} of every file of a checkpoint folder but its commit
+    record. CRC-32 (zlib): several GB/s, catches flipped bytes and truncation (not tampering: the folder is ours)."""
+    files = sorted(p for p in folder.rglob("*") if p.is_file() and p.name != STATE_FILE)
+    return {p.relative_to(folder).as_posix(): {"bytes": p.stat().st_size, "crc32": crc32(p)} for p in files}
+
+
+def crc32(path: Path) -> str:
+    """The CRC-32 of a file, read in blocks (memory stays flat), as 8 hex digits."""
+    crc = 0
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(BLOCK), b""):
+            crc = zlib.crc32(block, crc)
+    return f"{crc:08x}"
+
+
+def verify_files(folder: Path, record: dict[str, Any]) -> None:
+    """Every file the commit record lists is there with its size and CRC-32; a CheckpointError names the first
+    that is not. (Records from before checksums list no files: nothing to check.)"""
+    expected = record.get("files")
+    if not expected:
+        return
+    for name, want in expected.items():
+        path = folder / name
+        if not path.is_file():
+            problem = "is missing"
+        elif path.stat().st_size != want["bytes"]:
+            problem = f"has {path.stat().st_size} bytes, {want['bytes']} were committed (truncated or rewritten)"
+        else:
+            got = crc32(path)
+            problem = f"CRC-32 is {got}, {want['crc32']} was committed (damaged)" if got != want["crc32"] else ""
+        if problem:
+            raise CheckpointError(
+                f"{path}: {problem}; restore the file, or resume from the previous checkpoint with "
+                "train.checkpoint.on_corrupt=previous"
+            )
 
 
 def config_hash(config) -> str:
@@ -94,13 +141,17 @@ class CheckpointManager:
     """Checkpoints under `root` (the last `keep` committed kept). `states`: named states whose `state_dict()`
     goes into the commit record under its name and comes back through `load_state_dict` on `load()` (the data
     cursor, the advantage tracker, ...); a state named `""` is stored flat (the trainer's own progress).
-    `identity`: keys that must match on resume (config hash, world size), stored flat too."""
+    `identity`: keys that must match on resume (config hash, world size), stored flat too. `on_corrupt`: a latest
+    checkpoint whose files fail their checksums is an error ("fail"), or is moved aside for the previous one
+    ("previous")."""
 
     def __init__(self, root: str | Path, keep: int = 2, states: Mapping[str, Stateful] | None = None,
-                 identity: Mapping[str, Any] | None = None):  # fmt: skip
+                 identity: Mapping[str, Any] | None = None, on_corrupt: str = "fail"):  # fmt: skip
         if keep < 2:
             raise ValueError(f"keep={keep}: at least 2 checkpoints are kept, so a failed write never leaves none")
-        self.root, self.keep = Path(root), keep
+        if on_corrupt not in ON_CORRUPT:
+            raise ValueError(f"on_corrupt={on_corrupt!r}: one of {ON_CORRUPT}")
+        self.root, self.keep, self.on_corrupt = Path(root), keep, on_corrupt
         self.states, self.identity = dict(states or {}), dict(identity or {})
 
     def save(self, step: int, write: Callable[[Path], dict[str, Any]]) -> Path:
@@ -114,12 +165,25 @@ class CheckpointManager:
         return self.commit(folder, record | self.identity)
 
     def load(self, folder: Path | None = None, states: bool = True) -> tuple[Path | None, dict[str, Any] | None]:
-        """The latest committed checkpoint (or `folder`) and its record, checked against the identity; with
-        `states`, every named state is restored from it. (None, None) when there is none."""
+        """The latest committed checkpoint (or `folder`) and its record, checked against the identity and its files
+        against their checksums (see `on_corrupt`); with `states`, every named state is restored from it.
+        (None, None) when there is none."""
         folder = folder or self.latest()
+        while folder is not None:
+            record = self.read_record(folder, expect=self.identity)
+            try:
+                verify_files(folder, record)
+                break
+            except CheckpointError as exc:
+                if self.on_corrupt == "fail":
+                    raise
+                aside = folder.with_name(f"{folder.name}.corrupt")
+                shutil.rmtree(aside, ignore_errors=True)
+                folder.rename(aside)
+                log.warning("%s; moved aside to %s, resuming from the previous checkpoint", exc, aside.name)
+                folder = self.latest()
         if folder is None:
             return None, None
-        record = self.read_record(folder, expect=self.identity)
         if states:
             self.restore(record)
         return folder, record
@@ -152,7 +216,9 @@ class CheckpointManager:
         return folder
 
     def commit(self, folder: Path, record: dict[str, Any]) -> Path:
-        """One process, after every rank's `RankCheckpoint.save` returned: the commit record, then retention."""
+        """One process, after every rank's `RankCheckpoint.save` returned: the commit record (with every file's size
+        and checksum), then retention."""
+        record = record | {"files": file_digests(folder)}
         write_bytes_atomic(str(folder / STATE_FILE), json.dumps(record, indent=1, sort_keys=True).encode())
         for old in self.committed()[: -self.keep]:
             shutil.rmtree(old, ignore_errors=True)
@@ -172,6 +238,13 @@ class CheckpointManager:
                     f"{state_path}: {key} is {record.get(key)!r} but this run has {value!r}; resume with the same "
                     f"{key}, or start a new output_dir"
                 )
+        return record
+
+    @classmethod
+    def verify(cls, folder: Path) -> dict[str, Any]:
+        """A checkpoint's record, after checking its files against the recorded sizes and checksums."""
+        record = cls.read_record(folder)
+        verify_files(folder, record)
         return record
 
     def _remove_partial(self, keep: Path | None) -> None:

@@ -41,6 +41,7 @@ def load_checkpoint_adapter(folder: Path):
     config_path = folder / CONFIG_FILE
     if not config_path.is_file():
         raise CheckpointError(f"{folder}: no {CONFIG_FILE} (written by training rounds); cannot rebuild the model")
+    CheckpointManager.verify(folder)  # a damaged file is named before DCP reads it
     config = TrainConfig.model_validate_json(config_path.read_text())
     model = config.model.model_copy(update={"text_embedding_cache": None})
     adapter = build_family(model, config.sampling, device="cpu")

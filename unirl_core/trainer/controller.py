@@ -27,6 +27,7 @@ from unirl_core.algorithms.advantages import PerPromptStatTracker, compute_advan
 from unirl_core.config.schema import TrainConfig
 from unirl_core.data.groups import expand_groups
 from unirl_core.data.sources import build_source
+from unirl_core.io.storage import permanent_errors_name, write_bytes_atomic
 from unirl_core.summaries import RoundSummary
 from unirl_core.train.checkpoint import CheckpointError, CheckpointManager, config_hash
 from unirl_core.train.export import CONFIG_FILE
@@ -67,7 +68,8 @@ def split_even(items: list, workers: int) -> list[list]:
 
 def checkpoints(config: TrainConfig, states: dict | None = None) -> CheckpointManager:
     identity = {"config_hash": config_hash(config), "world_size": config.ray.workers}
-    return CheckpointManager(output_dir(config) / "checkpoints", config.keep_checkpoints, states, identity)
+    return CheckpointManager(output_dir(config) / "checkpoints", config.keep_checkpoints, states, identity,
+                             config.checkpoint.on_corrupt)  # fmt: skip
 
 
 def latest_record(config: TrainConfig) -> tuple[Path | None, dict[str, Any] | None]:
@@ -126,10 +128,13 @@ class Controller:
         self.progress.step = record["global_step"] + 1
 
     def run_steps(self, deadline: float) -> dict[str, float]:
-        """The round's remaining steps, each logged (before its commit: a step re-run after a kill is logged again,
-        never lost), checkpointed every `checkpoint_every` stage steps and at the round's end."""
+        """The round's remaining steps, each logged as it ends (before its commit), checkpointed every
+        `checkpoint_every` stage steps and at the round's end. Exactly once: rows of steps past the resumed
+        checkpoint (logged, then lost with a kill or a failed checkpoint write) are dropped from `metrics.jsonl`
+        before they run again, and MLflow is not given a step it already holds (RunTracker)."""
         metrics: dict[str, float] = {}
         round_, every = self.round, self.config.checkpoint_every
+        self.drop_rows_from(self.progress.step)
         for step in range(self.progress.step, round_.end):
             self.progress.step = step
             remaining = self._remaining(deadline, step)
@@ -259,12 +264,23 @@ class Controller:
             return {"model_keys": parts[0]["model_keys"], "rng": [p["rng"] for p in parts],
                     "scheduler": parts[0]["scheduler"]}  # fmt: skip
 
-        self.last_checkpoint = self.checkpoints.save(step, write)
+        with permanent_errors_name(str(self.checkpoints.folder(step)), "cannot write the checkpoint"):
+            self.last_checkpoint = self.checkpoints.save(step, write)
         return self.last_checkpoint
+
+    def drop_rows_from(self, step: int) -> None:
+        """Rewrite `metrics.jsonl` (atomically) without the rows of `step` and later, and without a torn last line."""
+        path = self.out / METRICS_FILE
+        if not path.is_file():
+            return
+        lines = path.read_text().splitlines(keepends=True)
+        kept = [line for line in lines if line.endswith("\n") and json.loads(line)["step"] < step]
+        if len(kept) != len(lines):
+            write_bytes_atomic(str(path), "".join(kept).encode())
 
     def log(self, step: int, metrics: dict[str, Any]) -> None:
         row = {"step": step, "stage": self.round.stage, "round": self.round.index, **metrics}
-        with open(self.out / METRICS_FILE, "a") as f:  # append-only: rows re-run after a resume appear again
+        with open(self.out / METRICS_FILE, "a") as f:
             f.write(json.dumps(row) + "\n")
         self.tracker.log_metrics({k: v for k, v in metrics.items() if isinstance(v, int | float)}, step)
         if self.on_step:
@@ -282,8 +298,6 @@ class Controller:
 
     def save_grid(self, grid, path: Path, key: str, step: int) -> str:
         import io
-
-        from unirl_core.io.storage import write_bytes_atomic
 
         buffer = io.BytesIO()
         grid.save(buffer, format="PNG")
