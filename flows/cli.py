@@ -95,10 +95,16 @@ def validate(
         typer.Option("--set", "-s", help="Override a value: dotted.key=value (repeatable)."),
     ] = None,
 ) -> None:
-    """Print the fully resolved recipe as YAML, or every error with its dotted path (exit 2)."""
+    """Print the fully resolved recipe as YAML, or every error with its dotted path (exit 2), including what the
+    `train` section alone shows cannot train (groups vs workers, image sizes, warm-up keys)."""
     from unirl_core.config import dump_resolved, load_recipe
+    from unirl_core.trainer.plan import TrainingConfigError, config_problems
 
-    typer.echo(dump_resolved(load_recipe(recipe, set_ or [])), nl=False)
+    loaded = load_recipe(recipe, set_ or [])
+    problems = config_problems(loaded.train, loaded.precache) if loaded.train else []
+    if problems:
+        raise TrainingConfigError("training cannot start:\n  " + "\n  ".join(problems))
+    typer.echo(dump_resolved(loaded), nl=False)
 
 
 @app.command()

@@ -36,6 +36,34 @@ def test_validate_reports_every_error_and_exits_2():
     assert result.stdout == ""
 
 
+def test_validate_refuses_what_train_would_refuse_from_the_recipe_alone():
+    """3 GRPO groups cannot divide over 2 workers: `validate` says so with the arithmetic, as `train` does."""
+    result = run("validate", "demo", "--set", "train.data.prompts_per_rollout=3")
+    assert result.exit_code == 2 and result.stdout == ""
+    assert (
+        "training cannot start:" in result.stderr and "3 groups must divide over 2 workers (3 % 2 = 1)" in result.stderr
+    )
+
+
+def test_a_full_or_read_only_disk_is_one_error_line_naming_the_path(monkeypatch, tmp_path):
+    """An OSError no retry can fix, raised anywhere under a command, is printed like a UserError (simulated here:
+    `load_recipe` raising ENOSPC for a path; the real disk-full runs are tests/e2e/test_disk_full.py)."""
+    import errno
+
+    import unirl_core.config
+
+    def full(*args, **kwargs):
+        raise OSError(errno.ENOSPC, "No space left on device", str(tmp_path / "x.tmp"))
+
+    monkeypatch.setattr(unirl_core.config, "load_recipe", full)
+    result = run("validate", "demo")
+    assert result.exit_code == 2 and "Traceback" not in result.output
+    assert (
+        result.stderr
+        == f"error: {tmp_path / 'x.tmp'}: no space left on the device: free space there or point the output at a larger disk\n"
+    )
+
+
 def test_recipes_lists_packaged_recipes():
     result = run("recipes")
     assert result.exit_code == 0

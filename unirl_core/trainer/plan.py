@@ -51,17 +51,23 @@ def plan_rounds(config: TrainConfig) -> list[Round]:
 
 def validate(config: TrainConfig, precache=None) -> None:
     """Refuse up front what would fail mid-round, with the arithmetic."""
+    problems = config_problems(config, precache) + _data_problems(config) + _machine_problems(config)
+    if problems:
+        raise TrainingConfigError("training cannot start:\n  " + "\n  ".join(problems))
+
+
+def config_problems(config: TrainConfig, precache=None) -> list[str]:
+    """What the recipe alone shows cannot train (no prompt file read, no machine asked): the workers' and
+    groups' arithmetic, image sizes, warm-up keys, dtype. `unirl validate` reports these too."""
     ray_problems = [(f"ray.{path}", value, message) for path, value, message in config.ray.problems()]
     problems = [
         f"train.{path}: {value!r} must be {message}"
         for path, value, message in [*ray_problems, *config.distributed_problems()]
     ]
-    problems += _data_problems(config) + _size_problems(config) + _warmup_problems(config, precache)
-    problems += _machine_problems(config)
+    problems += _size_problems(config) + _warmup_problems(config, precache)
     if config.model.dtype == "float16":  # no loss scaling: fp16 gradients underflow; bf16 has fp32's range
         problems.append("train.model.dtype: 'float16' cannot train (no loss scaling); use bfloat16 or float32")
-    if problems:
-        raise TrainingConfigError("training cannot start:\n  " + "\n  ".join(problems))
+    return problems
 
 
 def _machine_problems(config: TrainConfig) -> list[str]:
