@@ -22,6 +22,7 @@ from flows.cli_bagel import bagel_app
 from flows.cli_rewards import rewards_app
 from flows.cli_tables import echo_table
 from unirl_core.errors import UserError
+from unirl_core.rewards.errors import ScorerUnavailableError
 
 if TYPE_CHECKING:
     from unirl_core.summaries import IngestSummary
@@ -40,6 +41,9 @@ class UserErrorsExit2(TyperGroup):
         except UserError as exc:
             typer.echo(f"error: {exc}", err=True)
             raise typer.Exit(code=BAD_INPUT) from None
+        except ScorerUnavailableError as exc:  # transient, retried by the tasks; once they gave up: one line, exit 1
+            typer.echo(f"error: {exc}; check that it is up and reachable, then run the command again", err=True)
+            raise typer.Exit(code=1) from None
         except OSError as exc:  # disk full, read-only, no permission: one line naming the path, no traceback
             from unirl_core.io.storage import PERMANENT_ERRNOS, is_permanent
 

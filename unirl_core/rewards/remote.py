@@ -143,7 +143,8 @@ class RemoteScorer:
 
 
 def _excerpt(response: urllib3.BaseHTTPResponse) -> str:
-    return repr(response.data[:200].decode("utf-8", "replace"))
+    """The body's first 200 characters on one line (an HTML error page's whitespace collapsed)."""
+    return repr(" ".join(response.data[:400].decode("utf-8", "replace").split())[:200])
 
 
 def _reason(error: BaseException | None) -> str:

@@ -96,6 +96,33 @@ def test_remote_connection_refused_names_url():
         remote([Image.new("RGB", (4, 4))], ["p"], ["s0"])
 
 
+def test_unirl_rewards_score_reports_a_failing_scorer_in_one_line(score_server, tmp_path):
+    """An HTML 501 page (permanent: exit 2) and a refused connection (transient: exit 1) end the command with one
+    `error:` line naming the URL, without a traceback."""
+    from typer.testing import CliRunner
+
+    from flows.cli import app
+
+    Image.new("RGB", (8, 8)).save(tmp_path / "a.png")
+    score_server.status, score_server.body = 501, b"<html>\n  <body>\n    <p>Unsupported method</p>\n</html>\n"
+    args = ["rewards", "score", str(tmp_path / "a.png"), "-r", "judge", "--set"]
+    result = CliRunner().invoke(app, [*args, f"train.reward.remote.judge.url={score_server.url}"])
+    assert result.exit_code == 2 and "Traceback" not in result.output
+    assert result.stderr == (
+        f"error: remote scorer {score_server.url} answered HTTP 501: '<html> <body> <p>Unsupported method</p> </html>'\n"
+    )
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        url = f"http://127.0.0.1:{s.getsockname()[1]}/score"  # closed again before the request
+    result = CliRunner().invoke(app, [*args, f"train.reward.remote.judge.url={url}", "--set",
+                                      "train.reward.remote.judge.retries=0"])  # fmt: skip
+    assert result.exit_code == 1 and "Traceback" not in result.output and len(result.stderr.splitlines()) == 1
+    assert (
+        result.stderr.startswith(f"error: remote scorer {url} is unreachable")
+        and "then run the command" in result.stderr
+    )
+
+
 @pytest.mark.parametrize(
     ("status", "body", "message"),
     [
