@@ -17,7 +17,7 @@ from typer.testing import CliRunner
 
 from flows.cli import app
 from unirl_core.config.ingest import IngestConfig
-from unirl_core.ingest.download import ErrorBudgetExceeded
+from unirl_core.ingest.budget import ErrorBudgetExceeded
 from unirl_core.ingest.plan import IngestInputError
 from unirl_core.summaries import IngestSummary
 
@@ -88,11 +88,11 @@ def mixed_rows(server) -> tuple[list[dict], list]:
     return rows, expected
 
 
-def recipe(tmp_path: Path, root: str, pattern: str, **images) -> str:
+def recipe(tmp_path: Path, root: str, pattern: str, rows_per_unit: int = 20, **images) -> str:
     config = {
         "ingest": {
             "dataset_output_root": root,
-            "download_parquet": {"parquet_pattern": pattern, "rows_per_unit": 20},
+            "download_parquet": {"parquet_pattern": pattern, "rows_per_unit": rows_per_unit},
             "download_images": {
                 "image_bytes_col": "image",
                 "save_additional_columns": ["source"],
@@ -195,17 +195,46 @@ def test_new_input_files_append_units_and_keep_full_shards(prefect_harness, imag
     assert json.loads((root / "shards" / "index.json").read_text())["total_key_count"] == 24
 
 
-def test_error_budget_fails_the_run_with_the_histogram(prefect_harness, image_server, tmp_path):
-    rows = good_rows(image_server, 3, offset=500) + [
-        {"url": image_server.base + f"/bad/missing-{i}.jpg", "caption": "x", "image": None, "source": "x"}
-        for i in range(7)
+def missing_rows(server, count: int) -> list[dict]:
+    return [
+        {"url": server.base + f"/bad/missing-{i}.jpg", "caption": "x", "image": None, "source": "x"}
+        for i in range(count)
     ]
-    pattern = write_parquet(tmp_path / "mostly-bad.parquet", rows)
-    with pytest.raises(ErrorBudgetExceeded) as info:
-        run_ingest(recipe(tmp_path, str(tmp_path / "ds"), pattern))
-    assert "7 of 10 rows skipped (70% > error_budget 50%); reasons: failed_to_download: 7" in str(info.value)
-    assert not list((tmp_path / "ds" / "raw").glob("*_stats.json"))  # nothing committed
-    assert not list((tmp_path / "ds" / "raw").glob("*.tar"))
+
+
+def test_error_budget_fails_the_run_with_the_histogram(prefect_harness, image_server, tmp_path):
+    pattern = write_parquet(
+        tmp_path / "mostly-bad.parquet", good_rows(image_server, 3, offset=500) + missing_rows(image_server, 7)
+    )
+    histogram = "7 of 10 rows skipped (70% > error_budget 50%); reasons: failed_to_download: 7"
+
+    # a unit of error_budget_min_rows rows or more is judged alone, and fails before it is committed
+    with pytest.raises(ErrorBudgetExceeded, match="unit 00000") as info:
+        run_ingest(recipe(tmp_path, str(tmp_path / "early"), pattern, error_budget_min_rows=10))
+    assert histogram in str(info.value)
+    assert not list((tmp_path / "early" / "raw").glob("*_stats.json"))  # nothing committed
+    assert not list((tmp_path / "early" / "raw").glob("*.tar"))
+
+    # a smaller unit is committed; the dataset as a whole is judged before any shard is written
+    with pytest.raises(ErrorBudgetExceeded, match="dataset") as info:
+        run_ingest(recipe(tmp_path, str(tmp_path / "whole"), pattern))
+    assert histogram in str(info.value)
+    assert [p.name for p in (tmp_path / "whole" / "raw").glob("*_stats.json")] == ["00000_stats.json"]
+    assert not (tmp_path / "whole" / "shards").exists()
+
+
+def test_a_small_last_unit_does_not_fail_a_good_dataset(prefect_harness, image_server, tmp_path):
+    """Units of 20 judged alone (error_budget_min_rows 10); the last unit is 2 rows, both 404s: 100% of a tiny
+    unit, 2 of 42 rows of the dataset."""
+    pattern = write_parquet(
+        tmp_path / "tail.parquet", good_rows(image_server, 40, offset=900) + missing_rows(image_server, 2)
+    )
+    root = tmp_path / "ds"
+    summary = run_ingest(recipe(tmp_path, str(root), pattern, error_budget_min_rows=10))
+    assert (summary.rows, summary.ok, summary.skip_reasons) == (42, 40, {"failed_to_download": 2})
+    assert summary.samples_in_shards == 40 and summary.units == 3
+    tail = json.loads((root / "raw" / "00002_stats.json").read_text())
+    assert (tail["count"], tail["successes"], tail["skip_reasons"]) == (2, 0, {"failed_to_download": 2})
 
 
 def empty_parquet(path: Path) -> None:

@@ -64,7 +64,9 @@ class DownloadImagesConfig(StrictModel):
     """Column with the image URL (http, https or s3). Empty: images come only from `image_bytes_col`."""
 
     image_bytes_col: OptionalStr = None
-    """Column with the encoded image bytes (or Hugging Face's Image struct). When a row has both bytes and a URL, the bytes are used (no fetch)."""
+    """Column with the encoded image bytes (or Hugging Face's Image struct). When a row has both bytes and a URL, the
+    bytes are used (no fetch). Empty bytes (0 bytes) fall back to the URL; with no URL they are a `decode_error`,
+    as an empty URL body is (`no_image` is for a row with neither)."""
 
     caption_col: OptionalStr = "caption"
     """Column with the caption text. A null caption is stored as an empty caption."""
@@ -164,8 +166,23 @@ class DownloadImagesConfig(StrictModel):
     """Skip rows whose caption is null or empty (as `empty_caption`) instead of storing an empty caption."""
 
     error_budget: Annotated[float, Field(ge=0, le=1)] = 0.5
-    """Largest fraction of a unit's rows that may be skipped; above it the run fails with the reason histogram
-    instead of shipping an empty dataset."""
+    """Largest fraction of rows that may be skipped; above it the run fails with the reason histogram instead of
+    shipping an empty dataset. Judged per unit (units of at least `error_budget_min_rows` rows) and over the whole
+    dataset; see `error_budget_min_rows`."""
+
+    error_budget_min_rows: Annotated[Count, Field(ge=1)] = 100
+    """Fewest rows a unit must have to be judged against `error_budget` on its own. The rule:
+
+    - a unit of at least this many rows whose skip rate is over the budget fails as soon as it is processed, and
+      is not committed (a bad input fails early, not after the whole dataset is downloaded);
+    - a smaller unit (the tail of a file, `rows_per_unit` below this) is committed whatever its rate: 2 bad rows
+      of a 2-row unit say nothing about the dataset, so 3,000 good rows and 2 bad ones at the end pass;
+    - before `reorganize_tar` writes any shard, the skip rate of all units together is judged against the budget,
+      so a dataset that is bad as a whole (100% bad in units of 10 rows, say) still fails, with nothing shipped.
+      Committed units are kept: a re-run with a larger `error_budget` or more inputs reuses them.
+
+    1 judges every unit on its own (a 1-row unit can then fail the run). With `rows_per_unit` below this value no
+    unit is judged on its own: a bad dataset is found only when all its units are done."""
 
     def problems(self):
         reserved = sorted(set(self.save_additional_columns) & set(RESERVED_ROW_FIELDS))

@@ -5,14 +5,17 @@
     raw/NNNNN_stats.json   counts and the skip-reason histogram; written LAST: it is the unit's commit record
 
 Rows stream from the input in batches; fetching and transforming run on a thread pool with a bounded window, so
-memory stays flat. A unit is committed only if its skip rate is within the error budget; otherwise it fails with
-the reason histogram and nothing is written under a final name.
+memory stays flat. A unit of at least `error_budget_min_rows` rows is committed only if its skip rate is within
+the error budget; otherwise it fails with the reason histogram and nothing is written under a final name (the
+dataset as a whole is judged before reorganize_tar: budget.py). Error messages are stable across runs (no memory
+addresses), so two runs over the same input write the same parquet and the same `status_dict`.
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
+import re
 import time
 from collections import Counter, deque
 from collections.abc import Callable, Iterable, Iterator
@@ -24,7 +27,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from unirl_core.config.ingest import DownloadImagesConfig, IngestConfig
-from unirl_core.errors import UserError
+from unirl_core.ingest.budget import judge_unit
 from unirl_core.ingest.fetch import Fetcher, FetchError, FetchPolicy
 from unirl_core.ingest.images import ImageOptions, SkipSample, process_image
 from unirl_core.ingest.plan import IngestInputError, WorkUnit, input_schema, iter_rows
@@ -43,11 +46,10 @@ NON_OUTPUT_SETTINGS = {
     "retries",
     "retry_backoff_s",
     "error_budget",
+    "error_budget_min_rows",
 }
-
-
-class ErrorBudgetExceeded(UserError, RuntimeError):
-    """Too many rows of a unit were skipped: the run fails instead of shipping an empty dataset."""
+# `<_io.BytesIO object at 0x7f...>` in Pillow's and urllib3's messages: differs on every run
+MEMORY_ADDRESS = re.compile(r" at 0x[0-9a-fA-F]+")
 
 
 @dataclass
@@ -84,7 +86,7 @@ def committed_stats(root: str, unit: WorkUnit, config: IngestConfig) -> dict | N
 
 
 def download_unit(root: str, unit: WorkUnit, config: IngestConfig, on_row: Callable[[int], None] | None = None) -> dict:
-    """Process one unit into its raw shard (or return its committed stats). Raises ErrorBudgetExceeded."""
+    """Process one unit into its raw shard (or return its committed stats). Raises budget.ErrorBudgetExceeded."""
     done = committed_stats(root, unit, config)
     if done is not None:
         if on_row:
@@ -104,11 +106,12 @@ def download_unit(root: str, unit: WorkUnit, config: IngestConfig, on_row: Calla
                 writer.write(result.row["key"], result.members)
             if on_row:
                 on_row(1)
-        _check_budget(unit, len(records), reasons, stage.error_budget)
+        judge_unit(f"unit {unit.name} ({unit.file} rows {unit.start}-{unit.stop})", len(records), reasons, stage)
         shard = writer.commit()
     _write_parquet(paths["parquet"], records, _row_schema(unit, stage))
     stats = _stats(unit, stage, records, reasons, shard, started)
-    storage.write_bytes_atomic(paths["stats"], json.dumps(stats, indent=1, sort_keys=True).encode())
+    with storage.permanent_errors_name(paths["stats"]):
+        storage.write_bytes_atomic(paths["stats"], json.dumps(stats, indent=1, sort_keys=True).encode())
     return stats
 
 
@@ -176,6 +179,8 @@ class _RowWorker:
         except (SkipSample, FetchError) as exc:
             return self._skipped(row, exc.reason, str(exc))
         except Exception as exc:  # a row must never fail its unit: record it, count it, go on
+            if storage.is_permanent(exc):  # ... but a full or read-only disk is not the row's fault
+                raise
             return self._skipped(row, "processing_error", f"{type(exc).__name__}: {exc}")
         row.update(status="success", skip_reason=None, error_message=None)
         row.update(
@@ -198,7 +203,7 @@ class _RowWorker:
     @staticmethod
     def _skipped(row: dict, reason: str, message: str) -> RowResult:
         status = "failed_to_download" if reason in DOWNLOAD_REASONS else "failed_to_resize"
-        row.update(status=status, skip_reason=reason, error_message=message[:500])
+        row.update(status=status, skip_reason=reason, error_message=MEMORY_ADDRESS.sub("", message)[:500])
         row.setdefault("caption", None)
         return RowResult(_with_image_fields(row), None)
 
@@ -209,7 +214,9 @@ class _RowWorker:
         if data:
             return data  # bytes win over a URL in the same row: no fetch
         if isinstance(url, str) and url.strip():
-            return self.fetcher.fetch(url.strip())
+            return self.fetcher.fetch(url.strip())  # an empty body is a decode_error (process_image)
+        if data is not None:
+            raise SkipSample("decode_error", "the image bytes are empty (0 bytes) and the row has no URL")
         raise SkipSample("no_image", "the row has neither image bytes nor a URL")
 
     def _caption(self, raw: dict) -> tuple[str, dict | None]:
@@ -258,16 +265,6 @@ def _with_image_fields(row: dict) -> dict:
     return row
 
 
-def _check_budget(unit: WorkUnit, count: int, reasons: Counter, budget: float) -> None:
-    skipped = sum(reasons.values())
-    if count and skipped / count > budget:
-        histogram = ", ".join(f"{reason}: {n}" for reason, n in reasons.most_common())
-        raise ErrorBudgetExceeded(
-            f"unit {unit.name} ({unit.file} rows {unit.start}-{unit.stop}): {skipped} of {count} rows skipped "
-            f"({skipped / count:.0%} > error_budget {budget:.0%}); reasons: {histogram}"
-        )
-
-
 ROW_FIELDS = [
     ("key", pa.string()),
     ("url", pa.string()),
@@ -298,7 +295,8 @@ def _write_parquet(path: str, records: list[dict], schema: pa.Schema) -> None:
     table = pa.Table.from_pylist([_with_image_fields(dict(r)) for r in records], schema=schema)
     sink = pa.BufferOutputStream()
     pq.write_table(table, sink)
-    storage.write_bytes_atomic(path, sink.getvalue().to_pybytes())
+    with storage.permanent_errors_name(path):  # local writes name it already; object stores and pyarrow do not
+        storage.write_bytes_atomic(path, sink.getvalue().to_pybytes())
 
 
 def _stats(unit, stage, records, reasons, shard, started) -> dict:

@@ -16,6 +16,8 @@ from dataclasses import dataclass
 import numpy as np
 from PIL import Image, ImageOps
 
+from unirl_core.io.storage import is_permanent
+
 PIL_FORMATS = {"jpg": "JPEG", "png": "PNG", "webp": "WEBP"}
 ORIENTATION_TAG = 0x0112
 ALPHA_MODES = {"RGBA", "LA", "PA", "RGBa", "La"}
@@ -63,12 +65,15 @@ OPEN_FORMATS = [f for f in INPUT_FORMATS if f in Image.OPEN]
 
 def process_image(data: bytes, options: ImageOptions) -> StoredImage:
     """The image to store for `data`, or SkipSample with the reason. Bytes are untrusted: whatever a decoder
-    raises on them is a `decode_error` for this row, never a failure of the whole unit."""
+    raises on them is a `decode_error` for this row, never a failure of the whole unit (a full or read-only
+    disk is not the bytes' fault: it propagates)."""
     try:
         return _process(data, options)
     except SkipSample:
         raise
     except Exception as exc:  # malformed input reaches Pillow's decoders as many exception types
+        if is_permanent(exc):
+            raise
         raise SkipSample("decode_error", f"{type(exc).__name__}: {exc}") from None
 
 
@@ -102,13 +107,17 @@ def _process(data: bytes, options: ImageOptions) -> StoredImage:
 def open_image(data: bytes, max_pixels: int) -> Image.Image:
     """Open untrusted image bytes: known formats only, pixel cap before decoding; SkipSample with the reason."""
     if not data:
-        raise SkipSample("decode_error", "empty body")
+        raise SkipSample("decode_error", "the image is empty (0 bytes)")
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", Image.DecompressionBombWarning)
             image = Image.open(io.BytesIO(data), formats=OPEN_FORMATS)
     except Image.DecompressionBombError as exc:
         raise SkipSample("too_many_pixels", str(exc)) from None
+    except Image.UnidentifiedImageError:  # Pillow's message names the BytesIO by its memory address
+        raise SkipSample(
+            "decode_error", f"not a {'/'.join(OPEN_FORMATS)} image ({len(data)} bytes starting {data[:16]!r})"
+        ) from None
     except (OSError, SyntaxError, ValueError) as exc:  # UnidentifiedImageError is an OSError
         raise SkipSample("decode_error", f"{type(exc).__name__}: {exc}") from None
     width, height = image.size

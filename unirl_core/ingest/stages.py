@@ -2,7 +2,7 @@
 
 units  = stage_download_parquet(config)                  # units.json
 stats  = [download_unit(root, u, config) for u in units]  # raw/NNNNN.{tar,parquet,_stats.json}
-record = stage_reorganize_tar(config, units)              # shards/NNNNN.tar, shards/_reorganize.json
+record = stage_reorganize_tar(config, units)              # the dataset's error budget, then shards/NNNNN.tar, ...
 index  = stage_generate_wdinfo(config, record)            # shards/wdinfo.pkl, shards/index.json
 """
 
@@ -12,6 +12,7 @@ import json
 from collections import Counter
 
 from unirl_core.config.ingest import IngestConfig
+from unirl_core.ingest.budget import judge_dataset
 from unirl_core.ingest.download import committed_stats, download_unit, raw_paths
 from unirl_core.ingest.plan import IngestInputError, WorkUnit, plan_units, read_plan, write_plan
 from unirl_core.ingest.reorganize import REORGANIZE_RECORD, reorganize, shards_folder
@@ -54,8 +55,11 @@ def committed_units(config: IngestConfig, units: list[WorkUnit]) -> list[dict]:
 
 
 def stage_reorganize_tar(config: IngestConfig, units: list[WorkUnit]) -> dict:
+    """Equal-size shards from the committed units, once all of them together are within the error budget
+    (ErrorBudgetExceeded otherwise, before any shard is written)."""
     root = config.dataset_output_root
     stats = committed_units(config, units)
+    judge_dataset(root, stats, config.download_images)
     raw_tars = [
         {"path": raw_paths(root, unit)["tar"], "sha256": s["tar"]["sha256"]}
         for unit, s in zip(units, stats, strict=True)
