@@ -86,6 +86,29 @@ def test_retry_condition_retries_lost_workers_and_deadlines_only():
         assert not retried(permanent)
 
 
+def test_every_task_retries_io_trouble_but_never_a_full_read_only_or_forbidden_disk():
+    """Each task family's retry condition: an OSError a retry may fix (EIO, a reset, a timeout) is retried; one no
+    retry can fix (ENOSPC, EDQUOT, EROFS, EACCES, EPERM), raw or as our StorageError naming the path, is not."""
+    import errno
+
+    from prefect.states import Failed
+
+    from tasks import bagel, ingest, precache, train
+    from unirl_core.ingest.plan import IngestInputError
+    from unirl_core.io.storage import StorageError
+
+    for condition in (ingest.is_transient, precache.is_transient, bagel.is_transient, train.is_retryable):
+
+        def retried(exc, condition=condition):
+            return condition(None, None, Failed(data=exc))
+
+        assert retried(OSError(errno.EIO, "I/O error")) and retried(ConnectionResetError()) and retried(TimeoutError())
+        for code in (errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EACCES, errno.EPERM):
+            assert not retried(OSError(code, "no")) and not retried(StorageError(code, "/out/x.tar", "cannot write"))
+        assert not retried(PermissionError(errno.EACCES, "denied", "/out"))
+    assert not ingest.is_transient(None, None, Failed(data=IngestInputError("missing column")))
+
+
 def test_training_goes_on_when_the_tracking_server_is_down(tmp_path, monkeypatch, caplog):
     from unirl_core.tracking.run_tracker import RunTracker
 
