@@ -156,9 +156,13 @@ def test_npy_and_nemo_pickle_formats(prefect_harness, source, tmp_path):
     assert (
         set(sample["pickle"]) == {"autoencoderkl_image", "t5_text"} and sample["pickle"]["t5_text"].dtype == np.float32
     )
-    with pytest.raises(PrecacheError, match="pickled encodings refused"):
+    with pytest.raises(
+        PrecacheError, match=r"t0_r0_0.tar: member '00000.tar/000000000.pickle' refused: .*precache.trusted: true"
+    ):
         next(read_encodings(nemo.output_dir, nemo))
     assert next(read_encodings(nemo.output_dir, nemo, trusted=True))["encodings"]["t5_text"].shape[1] == 64
+    trusting = precache_config(source, str(tmp_path / "nemo"), format="nemo_pickle", node_array_size=1, trusted=True)
+    assert next(read_encodings(trusting.output_dir, trusting))["encodings"]["t5_text"].shape[1] == 64
 
 
 def test_merge_source_tar_adds_source_members(prefect_harness, source, tmp_path):

@@ -24,6 +24,7 @@ from typing import Annotated, Any, Literal
 from pydantic import Field, field_validator, model_validator
 
 from unirl_core.config.schema_base import Count, OptionalStr, StrictModel
+from unirl_core.precache.members import MERGEABLE_EXTENSIONS, TRUSTED_HINT, unmergeable, unsafe_extension_reason
 
 
 class EncoderConfig(StrictModel):
@@ -119,7 +120,14 @@ class PrecacheConfig(StrictModel):
 
     merge_source_extensions: list[str] = []
     """NeMo's merge_source_tar (`source_extensions`): after precaching, copy these source members (`json`, `jpg`)
-    next to each sample's encodings. Empty: the stage is skipped."""
+    next to each sample's encodings. Empty: the stage is skipped. Unless `trusted`, only images, `txt`, `json`,
+    `safetensors` and `npy` (unirl_core/precache/members.py)."""
+
+    trusted: bool = False
+    """True only for shards you made (or trust who did): source samples holding pickle-like or executable members
+    (`.pickle`, `.pth`, `.pyd`, `.so`, ...) are precached instead of skipped, merge_source_extensions may name any
+    extension, and readers of the cache (training) load `nemo_pickle` encodings. Member names that could escape a
+    folder (`..`, absolute, NUL, over-long) are refused even so."""
 
     image_transform: ImageTransformConfig = ImageTransformConfig()
     """Image preprocessing before image encoders."""
@@ -164,5 +172,24 @@ class PrecacheConfig(StrictModel):
         keys = [e.key for e in self.encodings]
         if len(keys) != len(set(keys)):
             yield "encodings", keys, "each encoding needs its own key"
+        yield from self._member_problems()
         if isinstance(self.node_array_size, str) and self.override_task_count is None:
             yield "override_task_count", None, "a node_array_size range needs the original override_task_count"
+
+    def _member_problems(self):
+        """Encoding keys that would name a member readers refuse; extensions that would skip every sample, replace
+        the encodings or copy unsafe members (unless trusted)."""
+        for i, spec in enumerate(self.encodings):
+            if spec.key == "safetensors" or unsafe_extension_reason(spec.key):
+                yield f"encodings.{i}.key", spec.key, "a reserved member extension (a format or unsafe); rename it"
+            reason = None if self.trusted else unsafe_extension_reason(spec.extension)
+            if reason:
+                yield f"encodings.{i}.extension", spec.extension, f"{reason}; {TRUSTED_HINT}"
+        clash = sorted(set(self.merge_source_extensions) & {"safetensors", "pickle", *(e.key for e in self.encodings)})
+        if clash:
+            yield "merge_source_extensions", clash, "the cache's own encoding members: a copy would replace them"
+        refused = unmergeable(self.merge_source_extensions, self.trusted)
+        if refused:
+            allowed = ", ".join(sorted(MERGEABLE_EXTENSIONS))
+            message = f"not copied from source shards unless trusted (allowed: {allowed}); {TRUSTED_HINT}"
+            yield "merge_source_extensions", refused, message

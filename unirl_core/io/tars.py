@@ -3,13 +3,20 @@
 Reproducible: members are written in key order and, within a sample, in extension order, with fixed metadata
 (mtime 0, uid/gid 0, mode 0644), so the same samples give the same bytes. Atomic: a shard is written to a
 temporary file and then renamed (local) or uploaded as one object (S3), so no partial tar ever carries a final
-name. Reading streams member by member (`r|`): memory stays flat whatever the shard size.
+name; a permanent OS error (disk full, read-only) is a StorageError naming that final name, and a failed shard
+leaves no temporary behind. Reading streams member by member (`r|`): memory stays flat whatever the shard size.
+
+Member names come from whoever made a shard. `unsafe_member_reason` says why a name must never be used as a file
+name (`..` components, absolute paths, NUL, over-long names); the writer refuses such names, and readers of
+shards from elsewhere (precache) skip the samples holding them.
 """
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import io
+import logging
 import os
 import tarfile
 import tempfile
@@ -21,7 +28,10 @@ import fsspec
 
 from unirl_core.io import storage
 
+logger = logging.getLogger(__name__)
 MEMBER_MODE = 0o644
+MAX_NAME_BYTES = 1024  # a whole member name, UTF-8 (Linux allows 4096 for a path; no dataset key needs more)
+MAX_COMPONENT_BYTES = 255  # one path component, UTF-8 (NAME_MAX of Linux file systems)
 
 
 @dataclass(frozen=True)
@@ -40,57 +50,98 @@ def sample_key(member_name: str) -> tuple[str, str]:
     return (f"{folder}/{stem}" if folder else stem), extension.lower()
 
 
+def unsafe_member_reason(name: str) -> str | None:
+    """Why the member `name` must not be used (a file under it could land outside its folder, or cannot be
+    created), or None for a safe name."""
+    shown = repr(name if len(name) <= 80 else f"{name[:60]}...{name[-12:]}")
+    if "\x00" in name:
+        return f"NUL byte in member name {shown}"
+    if name.startswith("/"):
+        return f"absolute member path {shown}"
+    components = name.split("/")
+    if ".." in components:
+        return f"'..' component in member name {shown}"
+    if len(name.encode("utf-8", "surrogatepass")) > MAX_NAME_BYTES:
+        return f"member name over {MAX_NAME_BYTES} bytes {shown}"
+    if any(len(c.encode("utf-8", "surrogatepass")) > MAX_COMPONENT_BYTES for c in components):
+        return f"member name component over {MAX_COMPONENT_BYTES} bytes {shown}"
+    return None
+
+
 class TarShardWriter:
     """Write samples to `final_path` (local or URL); `commit()` makes it visible under that name."""
 
     def __init__(self, final_path: str):
         self.final_path = str(final_path)
-        if storage.is_url(self.final_path):
-            folder = None
-        else:
-            folder = Path(self.final_path).parent
-            folder.mkdir(parents=True, exist_ok=True)
-        fd, self._tmp = tempfile.mkstemp(prefix=f".{storage.basename(self.final_path)}.", suffix=".tmp", dir=folder)
+        with storage.permanent_errors_name(self.final_path):
+            folder = None if storage.is_url(self.final_path) else Path(self.final_path).parent
+            if folder is not None:
+                folder.mkdir(parents=True, exist_ok=True)
+            prefix = f".{storage.basename(self.final_path)}."
+            fd, self._tmp = tempfile.mkstemp(prefix=prefix, suffix=".tmp", dir=folder)
         self._file = os.fdopen(fd, "wb")
         self._tar = tarfile.open(fileobj=self._file, mode="w", format=tarfile.PAX_FORMAT)  # noqa: SIM115 (closed by commit/abort)
         self.nsamples = 0
         self._last_key: str | None = None
 
     def write(self, key: str, members: dict[str, bytes]) -> None:
-        """Add one sample: `members` maps extension -> bytes. Keys must be unique, dot-free, and ascending."""
+        """Add one sample: `members` maps extension -> bytes. Keys must be unique, dot-free, ascending, and safe as
+        file names. An OS error drops the shard (its temporary is removed); a permanent one is a StorageError."""
         if "." in key.rpartition("/")[2]:
             raise ValueError(f"sample key {key!r} contains a dot: WebDataset would split it into key and extension")
         if self._last_key is not None and key <= self._last_key:
             raise ValueError(f"sample key {key!r} is not after {self._last_key!r}: duplicate or out of order")
-        for extension in sorted(members):
-            data = members[extension]
-            info = tarfile.TarInfo(f"{key}.{extension}")
-            info.size, info.mtime, info.mode = len(data), 0, MEMBER_MODE
-            info.uid = info.gid = 0
-            info.uname = info.gname = ""
-            self._tar.addfile(info, io.BytesIO(data))
+        for extension in members:
+            reason = unsafe_member_reason(f"{key}.{extension}")
+            if reason:
+                raise ValueError(f"{self.final_path}: {reason}: refused, a file under this name could escape")
+        with self._aborting_on_error():
+            for extension in sorted(members):
+                data = members[extension]
+                info = tarfile.TarInfo(f"{key}.{extension}")
+                info.size, info.mtime, info.mode = len(data), 0, MEMBER_MODE
+                info.uid = info.gid = 0
+                info.uname = info.gname = ""
+                self._tar.addfile(info, io.BytesIO(data))
         self._last_key = key
         self.nsamples += 1
 
     def commit(self) -> ShardInfo:
-        self._tar.close()
-        self._file.flush()
-        os.fsync(self._file.fileno())
-        self._file.close()
-        info = self._describe()
-        if storage.is_url(self.final_path):
-            fs, path = fsspec.core.url_to_fs(self.final_path)
-            fs.put_file(self._tmp, path)
-            os.unlink(self._tmp)
-        else:
-            os.replace(self._tmp, self.final_path)
+        """Make the shard visible under its final name; on any error the temporary is removed."""
+        with self._aborting_on_error((BaseException,)):
+            self._tar.close()
+            self._file.flush()
+            os.fsync(self._file.fileno())
+            self._file.close()
+            info = self._describe()
+            if storage.is_url(self.final_path):
+                fs, path = fsspec.core.url_to_fs(self.final_path)
+                fs.put_file(self._tmp, path)
+                os.unlink(self._tmp)
+            else:
+                os.replace(self._tmp, self.final_path)
         return info
 
     def abort(self) -> None:
-        if not self._file.closed:
-            self._tar.close()
-            self._file.close()
-        Path(self._tmp).unlink(missing_ok=True)
+        """Drop the shard: remove the temporary. Never raises: it runs while another error propagates, often a full
+        disk, where closing the file (which flushes its buffered tail) fails again."""
+        with contextlib.suppress(Exception):
+            self._file.close()  # a failed flush still closes the descriptor; the tar's end blocks are not wanted
+        try:
+            Path(self._tmp).unlink(missing_ok=True)
+        except OSError as exc:
+            logger.warning("could not remove the temporary %s of an aborted shard: %s", self._tmp, exc)
+
+    @contextlib.contextmanager
+    def _aborting_on_error(self, errors: tuple[type[BaseException], ...] = (OSError,)):
+        """Inside: on `errors` (OSError by default) abort the shard; a permanent OSError becomes a StorageError
+        naming the final path."""
+        try:
+            with storage.permanent_errors_name(self.final_path):
+                yield
+        except errors:
+            self.abort()
+            raise
 
     def _describe(self) -> ShardInfo:
         sha256, md5 = hashlib.sha256(), hashlib.md5(usedforsecurity=False)

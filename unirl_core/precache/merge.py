@@ -3,6 +3,13 @@
 Output samples are named `<source tar>/<source key>` and appear in source order (minus skips), so each output
 shard is merged in one pass beside its source tars. A merged shard replaces the old one atomically; its manifest
 and the task's done record get the new hash, and `merged` lists the extensions (a re-run is a no-op).
+
+Copied from source shards only (unless `precache.trusted: true`), as `members.MERGEABLE_EXTENSIONS`:
+  images     jpg, jpeg, png, webp    what ingest stores (`encode_format`), and JPEG's other spelling
+  text       txt, json               ingest's caption and per-row metadata
+  encodings  safetensors, npy        our safe formats (read without pickle)
+Anything else (`pickle`, `pth`, `pyd`, `so`, `bin`, scripts, ...) is an error before a shard is touched. Samples
+with unsafe names or pickle-like members were skipped by the precache, so they are never merged.
 """
 
 from __future__ import annotations
@@ -13,12 +20,19 @@ from collections.abc import Iterator
 from unirl_core.config.precache import PrecacheConfig
 from unirl_core.io import storage
 from unirl_core.io.tars import TarShardWriter, iter_samples
+from unirl_core.precache.members import MERGEABLE_EXTENSIONS, TRUSTED_HINT, unmergeable
 from unirl_core.precache.read import done_records
 from unirl_core.precache.run import PrecacheError
 
 
 def merge_source_tar(config: PrecacheConfig, extensions: list[str]) -> int:
     """Add `extensions` members from the source shards to every output sample; returns samples merged."""
+    refused = unmergeable(extensions, config.trusted)
+    if refused:
+        raise PrecacheError(
+            f"merge_source_tar: {refused} are not copied from source shards (allowed: "
+            f"{', '.join(sorted(MERGEABLE_EXTENSIONS))}); {TRUSTED_HINT}"
+        )
     out, merged = config.output_dir.rstrip("/"), 0
     for done in done_records(out):
         if sorted(done.get("merged", [])) == sorted(extensions):

@@ -2,6 +2,11 @@
 
 for sample in read_encodings(config.output_dir, config):   # config: the PrecacheConfig training expects
     sample["key"], sample["encodings"]["autoencoderkl_image"]  # torch tensors
+
+A cache is data from wherever it was copied from: a member whose name could escape a folder (`..`, absolute, NUL,
+over-long) is refused always, a pickle-like or executable one (`.pickle`, `.pth`, `.so`, ...) unless trusted
+(`trusted=True`, or `precache.trusted: true` in the recipe), with an UnsafeCacheError naming shard and member,
+before the sample holding it is yielded.
 """
 
 from __future__ import annotations
@@ -9,7 +14,7 @@ from __future__ import annotations
 import io
 import json
 import pickle
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 
 import fsspec
 import numpy as np
@@ -17,8 +22,32 @@ import torch
 from safetensors.torch import load as safetensors_load
 
 from unirl_core.config.precache import PrecacheConfig
-from unirl_core.io.tars import Span, iter_samples_with_spans, read_span
+from unirl_core.io.tars import Span, iter_samples_with_spans, read_span, unsafe_member_reason
+from unirl_core.precache.members import unsafe_extension_reason
 from unirl_core.precache.run import PrecacheError, cache_identity
+
+
+class UnsafeCacheError(PrecacheError):
+    """A cache shard holds a member readers refuse: a name that could escape a folder, or a pickle-like or
+    executable member in a cache not marked trusted. The message names the shard, the member and the fix."""
+
+
+def check_members(shard: str, key: str, extensions: Iterable[str], trusted: bool) -> None:
+    """Raise UnsafeCacheError if a member `<key>.<extension>` of `shard` must not be read."""
+    for extension in sorted(extensions):
+        member = f"{key}.{extension}"
+        reason = unsafe_member_reason(member)
+        if reason:
+            raise UnsafeCacheError(
+                f"{shard}: {reason}: refused, trusted or not (unirl precache never writes such a name); rebuild "
+                "the cache with `unirl precache` from source shards you trust"
+            )
+        reason = None if trusted else unsafe_extension_reason(extension)
+        if reason:
+            raise UnsafeCacheError(
+                f"{shard}: member {member!r} refused: {reason}. If you built this cache (or trust who did), read "
+                "it with precache.trusted: true (trusted=True); otherwise rebuild it with `unirl precache`"
+            )
 
 
 def done_records(output_dir: str) -> list[dict]:
@@ -63,12 +92,14 @@ def decode_members(members: dict[str, bytes], keys: list[str], trusted: bool = F
 
 def read_encodings(output_dir: str, wanted: PrecacheConfig, trusted: bool = False) -> Iterator[dict]:
     """Every encoded sample of a finished cache, in task then shard order: {"key", "encodings", "originals",
-    "shard", "spans"}; `read_sample(shard, spans, ...)` reads the sample's encodings again later, by offset."""
-    keys = [e.key for e in wanted.encodings]
+    "shard", "spans"}; `read_sample(shard, spans, ...)` reads the sample's encodings again later, by offset.
+    `trusted` (or `wanted.trusted`): pickle-like members are read (nemo_pickle caches)."""
+    keys, trusted = [e.key for e in wanted.encodings], trusted or wanted.trusted
     for record in check_cache(output_dir, wanted):
         for shard in record["shards"]:
             path = f"{output_dir.rstrip('/')}/{shard['name']}"
             for key, members, spans in iter_samples_with_spans(path):
+                check_members(path, key, members, trusted)
                 encodings = decode_members(members, keys, trusted)
                 originals = {
                     ext: data

@@ -8,7 +8,11 @@ to its end, its keys' skips, its hash, and the cache identity. A killed task res
     members per sample (`<source tar>/<source key>` is the sample key, as NeMo names it):
       safetensors   <key>.safetensors   {encoding key: tensor} (text without padding when store_pad_tokens: false)
       npy           <key>.<encoding>    np.save bytes, one member per encoding (NeMo's pickle_encodings: false)
-      nemo_pickle   <key>.pickle        pickled dict[str, ndarray] (NeMo's layout; readers need trusted=True)
+      nemo_pickle   <key>.pickle        pickled dict[str, ndarray] (NeMo's layout; readers need trusted)
+
+Source samples with a member name that could escape a folder, or (unless `precache.trusted`) a pickle-like or
+executable member, are skipped like corrupt ones (`unsafe_name: ...`, `unsafe_member: ...`; see members.py). A
+failure while a shard is open (an encoder error, a full disk: StorageError naming the shard) removes its temporary.
 """
 
 from __future__ import annotations
@@ -238,6 +242,14 @@ class _ShardLoop:
         self.writer, self.skips = None, []
 
     def run(self, batches, on_samples) -> Iterator[dict]:
+        try:
+            yield from self._run(batches, on_samples)
+        except BaseException:  # a failed encoder, a full disk, a kill: the open shard's temporary goes too
+            if self.writer is not None:
+                self.writer.abort()
+            raise
+
+    def _run(self, batches, on_samples) -> Iterator[dict]:
         for batch, skips in batches:
             self.skips += [{"key": s["key"], "reason": s["skip"], "number": s["number"]} for s in skips]
             self.position = max([self.position] + [s["number"] + 1 for s in batch + skips])

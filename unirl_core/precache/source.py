@@ -3,7 +3,8 @@
 Task `t` of `T` takes the contiguous slice `files[t*N//T:(t+1)*N//T]` of the SORTED shard list. The dataset yields
 samples in source order even with several DataLoader workers: worker w decodes samples w, w+W, w+2W, ... and the
 DataLoader takes one from each worker in turn, so the output order (and the output bytes) never depend on the
-worker count. A sample that cannot be decoded is yielded as a skip (counted and listed, never replaced).
+worker count. A sample that cannot be decoded is yielded as a skip (counted and listed, never replaced), and so is
+one with a member name that could escape a folder or a pickle-like/executable member (`members.py`).
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from torch.utils.data import IterableDataset, get_worker_info
 from unirl_core.config.precache import ImageTransformConfig, PrecacheConfig
 from unirl_core.io import storage
 from unirl_core.io.tars import iter_samples
+from unirl_core.precache.members import unsafe_sample_reason
 
 
 def source_shards(input_dir: str) -> list[str]:
@@ -94,6 +96,9 @@ class SourceSamples(IterableDataset):
                 yield f"{tar_name}/{key}", members
 
     def _decode(self, key: str, members: dict[str, bytes]) -> dict:
+        unsafe = unsafe_sample_reason(key, members, self.config.trusted)
+        if unsafe:  # a hostile name or a pickle-like member: never encoded, never copied
+            return {"key": key, "skip": unsafe}
         inputs = {}
         for spec in self.config.encodings:
             data = members.get(spec.extension)
@@ -106,6 +111,8 @@ class SourceSamples(IterableDataset):
                 else:
                     inputs[spec.key] = data.decode("utf-8")
             except Exception as exc:  # a corrupt member: skip and count this sample, never replace it
+                if storage.is_permanent(exc):  # ... but a full or read-only disk is not the sample's fault
+                    raise
                 return {"key": key, "skip": f"{spec.extension}: {type(exc).__name__}: {exc}"}
         originals = {ext: members[ext] for ext in sorted(self.keep) if ext in members}
         return {"key": key, "inputs": inputs, "originals": originals}

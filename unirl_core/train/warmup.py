@@ -92,7 +92,8 @@ class WarmupData(EpochCursor):
         if not precache.output_dir:
             raise ValueError("warm-up data needs precache.output_dir (the finished cache to read)")
         self.precache, self.folder = precache, precache.output_dir
-        self.batch_size, self.seed, self.shuffle, self.trusted = batch_size, seed, shuffle, trusted
+        self.batch_size, self.seed, self.shuffle = batch_size, seed, shuffle
+        self.trusted = trusted or precache.trusted  # a nemo_pickle cache the recipe marks trusted
         self.latent_key, self.text_key = latent_key, text_key
         self.latent_config = self._encoder_config(latent_key, LATENT_ENCODER, IMAGE_ENCODER)
         self.text_config = self._encoder_config(text_key, PROMPT_ENCODER)
