@@ -119,7 +119,7 @@ def test_local_group_is_one_rank_in_this_process():
 
 def test_a_user_error_on_a_worker_arrives_as_itself(ray_local):
     """Not wrapped in Ray's remote traceback: `unirl` prints the worker's one-line message and exits 2; an unreachable
-    scorer arrives as itself too (a ConnectionError: the round's task retries it)."""
+    scorer (a ConnectionError: the round's task retries it) and a full disk (never retried) arrive as themselves."""
     from unirl_core.data.bagel.sharding import ShardingError
     from unirl_core.distributed.worker_group import TorchWorker, WorkerGroup
 
@@ -134,6 +134,11 @@ def test_a_user_error_on_a_worker_arrives_as_itself(ray_local):
 
             raise ScorerUnavailableError("remote scorer http://127.0.0.1:9/score is unreachable")
 
+        def save(self) -> None:
+            import errno
+
+            raise OSError(errno.ENOSPC, "No space left on device", "/out/checkpoints/step_00000003/__0_0.distcp")
+
     with WorkerGroup(world_size=1, worker_cls=Reader) as group:
         with pytest.raises(ShardingError) as info:
             group.run(Reader.plan, ["a.parquet"])
@@ -142,6 +147,9 @@ def test_a_user_error_on_a_worker_arrives_as_itself(ray_local):
         with pytest.raises(ConnectionError, match="is unreachable") as unreachable:  # transient: the round retries
             group.run(Reader.score)
         assert type(unreachable.value).__name__ == "ScorerUnavailableError"
+        with pytest.raises(OSError) as full:  # a full disk: permanent, the controller names it (StorageError)
+            group.run(Reader.save)
+        assert type(full.value) is OSError and full.value.errno == 28 and full.value.filename.endswith(".distcp")
 
 
 def test_mlflow_run_is_read_back(mlflow_uri):

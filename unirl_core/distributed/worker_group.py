@@ -20,6 +20,7 @@ from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 from unirl_core.distributed.rank import TorchWorker, method_name
 from unirl_core.distributed.worker_env import WorkerEnv, adopt_secrets
 from unirl_core.errors import UserError
+from unirl_core.io.storage import is_permanent
 
 # Failures of the cluster rather than of the computation: the round retries from its last committed checkpoint.
 LOST = (
@@ -141,9 +142,9 @@ class WorkerGroup:
                 raise WorkerLostError(f"training worker rank(s) {dead} died; a peer failed with: {exc}") from exc
             if COLLECTIVE_FAILURE.search(str(exc)):
                 raise WorkerLostError(f"a collective between the training workers failed: {exc}") from exc
-            # the worker's own error and message, not Ray's remote traceback: a user error (permanent) or an
-            # unreachable scorer (ScorerUnavailableError, a ConnectionError: transient, the round retries)
-            if isinstance(exc.cause, UserError | ConnectionError):
+            # the worker's own error and message, not Ray's remote traceback: a user error or a full/read-only disk
+            # (permanent) or an unreachable scorer (ScorerUnavailableError, a ConnectionError: transient, retried)
+            if isinstance(exc.cause, UserError | ConnectionError) or is_permanent(exc.cause):
                 raise exc.cause from exc
             raise
 
