@@ -4,8 +4,8 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-# Environment: offline models, no telemetry, patient Prefect start-up. Ray keeps its token auth (its GCS and raylet
-# listen on every interface); only the tests' throwaway local clusters disable it (tests/conftest.py).
+# Environment: offline models, no telemetry, patient Prefect start-up. Ray keeps its token auth (for clusters other
+# machines join; a local Ray listens on 127.0.0.1 only); only the tests' throwaway local clusters disable it.
 export HF_HUB_OFFLINE := 1
 export MLFLOW_DISABLE_TELEMETRY := true
 export RAY_USAGE_STATS_ENABLED := 0

@@ -1,9 +1,12 @@
 """Issue 15 (cluster-ready) on a real Ray: the placement deadline's error, the placement strategy, the workers'
-environment, and a simulated two-node cluster (two raylets on this machine) joined by `train.ray.address`."""
+environment, and a simulated two-node cluster (two raylets on this machine) joined by `train.ray.address`. Issue 20:
+a local Ray listens on 127.0.0.1 only and keeps its session folders in the workspace."""
 
 from __future__ import annotations
 
+import ipaddress
 import json
+import logging
 import os
 import shutil
 import subprocess
@@ -11,6 +14,7 @@ import sys
 import tempfile
 from pathlib import Path
 
+import psutil
 import pytest
 
 from unirl_core.distributed.rank import TorchWorker
@@ -93,3 +97,46 @@ def test_two_raylets_on_this_machine_run_a_spread_group_with_the_forwarded_envir
     assert not [str(path) for path, data in logged.items() if SECRET.encode() in data]
     assert SECRET not in done.stderr  # the driver's logs (stdout is the workers' answer, values included)
     assert any(PUBLIC.encode() in data for data in logged.values())  # the search reaches where Ray logs values
+
+
+def test_a_local_ray_listens_on_loopback_only(ray_local):
+    """The session's local Ray (started by `ray_cluster`): gcs_server, raylet, the agents, the workers and this
+    driver listen on 127.0.0.1 alone (Ray would otherwise swap 127.0.0.1 for this machine's address)."""
+    import ray
+
+    assert ray.get(ray.remote(lambda: ray.util.get_node_ip_address()).remote()) == "127.0.0.1"
+    me = psutil.Process()
+    ray_pids = {p.pid for p in me.children(recursive=True) if "ray" in " ".join(p.cmdline())} | {me.pid}
+    listening = [c for c in psutil.net_connections(kind="inet") if c.status == psutil.CONN_LISTEN and c.pid in ray_pids]
+    names = {psutil.Process(c.pid).name() for c in listening}
+    assert {"gcs_server", "raylet"} <= names, names
+    exposed = [(c.laddr, psutil.Process(c.pid).name()) for c in listening if not _loopback(c.laddr.ip)]
+    assert not exposed
+
+
+def _loopback(ip: str) -> bool:
+    address = ipaddress.ip_address(ip.split("%")[0])
+    return (getattr(address, "ipv4_mapped", None) or address).is_loopback
+
+
+def test_ray_keeps_its_session_folders_in_the_workspace_unless_the_path_is_too_long_for_its_sockets(
+    tmp_path, monkeypatch, caplog
+):
+    from unirl_core.distributed.cluster import SOCKET_PATH_MAX, session_root
+
+    short = tempfile.mkdtemp(prefix="ws-", dir="/tmp")
+    try:
+        monkeypatch.setenv("UNIRL_HOME", short)
+        assert session_root() == f"{short}/ray"
+    finally:
+        shutil.rmtree(short, ignore_errors=True)
+    long_home = tmp_path / ("w" * 60)
+    monkeypatch.setenv("UNIRL_HOME", str(long_home))
+    with caplog.at_level(logging.WARNING, logger="unirl_core.distributed.cluster"):
+        root = session_root()
+    try:
+        assert root == session_root() and Path(root).is_dir()  # the same short folder for the same workspace
+        assert len(f"{root}/session_2026-01-01_00-00-00_000000_4194304/sockets/plasma_store.99") <= SOCKET_PATH_MAX
+        assert f"not {long_home}/ray: that path is too long for Ray's unix sockets" in caplog.text
+    finally:
+        shutil.rmtree(root, ignore_errors=True)

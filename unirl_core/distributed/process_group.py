@@ -4,6 +4,7 @@ reduce that CPU worker's tensors."""
 
 from __future__ import annotations
 
+import socket
 from datetime import timedelta
 
 import torch
@@ -21,10 +22,13 @@ def resolve_backend(setting: str | None, device: torch.device | str) -> str:
 
 
 def open_store(host: str, world_size: int, timeout_s: int = 300) -> dist.TCPStore:
-    """Rank 0's rendezvous store, listening on a port the OS assigns as it binds: a port probed free and bound later
-    can be taken by another process in between (EADDRINUSE). `.port` is where the other ranks meet it."""
+    """Rank 0's rendezvous store, listening on `host` alone (torch's own listener would take every interface) and
+    on a port the OS assigns as it binds: a port probed free and bound later can be taken by another process in
+    between (EADDRINUSE). `.port` is where the other ranks meet it."""
     timeout = timedelta(seconds=timeout_s)
-    return dist.TCPStore(host, 0, world_size, is_master=True, wait_for_workers=False, timeout=timeout)
+    listener = socket.create_server((host, 0), family=socket.AF_INET6 if ":" in host else socket.AF_INET)
+    return dist.TCPStore(host, listener.getsockname()[1], world_size, is_master=True, wait_for_workers=False,
+                         timeout=timeout, master_listen_fd=listener.detach())  # fmt: skip
 
 
 def init_process_group(

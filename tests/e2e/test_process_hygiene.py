@@ -1,0 +1,136 @@
+"""Every process a `unirl` command starts dies with it, SIGKILL included (flows/supervise.py): Prefect's temporary API
+server of `unirl ingest`, and the local Ray of `unirl train`, whose every listening socket is on 127.0.0.1 and whose
+session folders are in the workspace."""
+
+from __future__ import annotations
+
+import ipaddress
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import psutil
+import pytest
+
+pytestmark = pytest.mark.slow
+UNIRL = str(Path(sys.executable).parent / "unirl")
+GONE_WITHIN_S = 10  # the supervisor's SIGTERM grace is 3 s; the rest is margin for a loaded machine
+
+
+def tree(pid: int) -> list[psutil.Process]:
+    top = psutil.Process(pid)
+    return [top, *top.children(recursive=True)]
+
+
+def command_lines(processes: list[psutil.Process]) -> list[str]:
+    lines = []
+    for process in processes:
+        try:
+            lines.append(" ".join(process.cmdline()))
+        except psutil.Error:  # exited meanwhile
+            continue
+    return lines
+
+
+def wait_for_descendants(process: subprocess.Popen, wanted, timeout_s: float) -> list[psutil.Process]:
+    """The command's process tree once `wanted(command lines)` holds, the command still running."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        assert process.poll() is None, f"the command exited ({process.returncode}) before it could be killed"
+        assert time.monotonic() < deadline, "what the test waits for never started"
+        processes = tree(process.pid)
+        if wanted(command_lines(processes)):
+            return processes
+        time.sleep(0.05)
+
+
+def identities(processes: list[psutil.Process]) -> set[tuple[int, float, str]]:
+    return {(p.pid, p.create_time(), " ".join(p.cmdline())[:80]) for p in processes if p.is_running()}
+
+
+def still_running(started: set[tuple[int, float, str]]) -> list[str]:
+    running = []
+    for pid, created, line in started:
+        try:
+            process = psutil.Process(pid)
+            if process.create_time() == created and process.status() != psutil.STATUS_ZOMBIE:
+                running.append(f"{pid} {line}")
+        except psutil.NoSuchProcess:
+            continue
+    return running
+
+
+def sigkill_and_wait_until_gone(process: subprocess.Popen, started: set) -> float:
+    """SIGKILL the command (only the process it is); seconds until every process it started is gone."""
+    killed = time.monotonic()
+    process.send_signal(signal.SIGKILL)
+    process.wait()
+    while still_running(started) and time.monotonic() - killed < GONE_WITHIN_S:
+        time.sleep(0.05)
+    assert not still_running(started), f"still running {GONE_WITHIN_S} s after SIGKILL: {still_running(started)}"
+    return time.monotonic() - killed
+
+
+def on_loopback(ip: str) -> bool:
+    address = ipaddress.ip_address(ip.split("%")[0])
+    return (getattr(address, "ipv4_mapped", None) or address).is_loopback  # ::ffff:127.0.0.1 is loopback too
+
+
+def test_sigkill_of_unirl_ingest_stops_its_temporary_prefect_server(tmp_path):
+    recipe = tmp_path / "ingest.yaml"
+    recipe.write_text(json.dumps({"ingest": {"dataset_output_root": str(tmp_path / "out"),
+                                             "download_parquet": {"parquet_pattern": str(tmp_path / "*.parquet")}}}))  # fmt: skip
+    env = {**os.environ, "UNIRL_HOME": str(tmp_path / "home"), "PREFECT_HOME": str(tmp_path / "prefect")}
+    env.pop("PREFECT_API_URL", None)  # Prefect starts its temporary server (uvicorn) under the command
+    process = subprocess.Popen([UNIRL, "ingest", str(recipe)], env=env, stdout=subprocess.DEVNULL,
+                               stderr=subprocess.DEVNULL)  # fmt: skip
+    started = set()
+    try:
+        processes = wait_for_descendants(process, lambda lines: any("uvicorn" in line for line in lines), 120)
+        started = identities(processes)
+        assert any("uvicorn" in line for _, _, line in started)
+    finally:
+        seconds = sigkill_and_wait_until_gone(process, started)
+    print(f"all gone {seconds:.2f} s after SIGKILL")
+
+
+def test_sigkill_of_unirl_train_stops_its_local_ray_which_listens_on_loopback_only(prefect_harness):
+    """One run, checked twice: while its worker group trains, every listening socket of the command's processes
+    is on 127.0.0.1 and Ray's session folder is in the workspace; after a SIGKILL of the command, everything it
+    started (Ray's gcs_server, raylet, agents, workers) is gone within seconds."""
+    from prefect.settings import PREFECT_API_URL
+
+    home = tempfile.mkdtemp(prefix="unirl-", dir="/tmp")  # short: Ray's sockets go under it
+    env = {**os.environ, "UNIRL_HOME": home, "PREFECT_API_URL": PREFECT_API_URL.value()}
+    env.pop("RAY_ADDRESS", None)
+    command = [UNIRL, "train", "demo", "--steps", "50", "--set", "train.ray.workers=1"]
+    process = subprocess.Popen(command, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    started = set()
+    try:
+        processes = wait_for_descendants(process, _worker_group_built, 180)
+        started = identities(processes)
+        names = " ".join(line for _, _, line in started)
+        assert "gcs_server" in names and "raylet" in names
+        pids = {pid for pid, _, _ in started}
+        listening = [c for c in psutil.net_connections(kind="inet") if c.status == psutil.CONN_LISTEN and c.pid in pids]
+        assert listening
+        assert not [c for c in listening if not on_loopback(c.laddr.ip)], [
+            (c.laddr, psutil.Process(c.pid).cmdline()[:1]) for c in listening if not on_loopback(c.laddr.ip)
+        ]
+        assert list((Path(home) / "ray").glob("session_*/logs")), "Ray's session folder is not in the workspace"
+    finally:
+        seconds = sigkill_and_wait_until_gone(process, started)
+        shutil.rmtree(home, ignore_errors=True)
+    print(f"all gone {seconds:.2f} s after SIGKILL")
+
+
+def _worker_group_built(lines: list[str]) -> bool:
+    """A worker runs a method that comes after its group's set-up (its rendezvous store and process group open)."""
+    methods = {line.split()[0].partition(".")[2] for line in lines if line.startswith("ray::TrainWorker.")}
+    return bool(methods - {"rendezvous_address", "setup", "__ray_call__"})
