@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import time
 
 import pytest
 
@@ -32,7 +33,12 @@ def test_prefect_flow_maps_a_task_over_prompt_files(prefect_harness, tmp_path):
 
     with get_client(sync_client=True) as client:
         flow_run_id = state.state_details.flow_run_id
-        task_runs = client.read_task_runs(flow_run_filter=FlowRunFilter(id=FlowRunFilterId(any_=[flow_run_id])))
+        deadline = time.monotonic() + 120  # the server records task states from events, retried when sqlite is busy
+        while True:
+            task_runs = client.read_task_runs(flow_run_filter=FlowRunFilter(id=FlowRunFilterId(any_=[flow_run_id])))
+            if len(task_runs) == 3 and all(t.state.is_completed() for t in task_runs) or time.monotonic() > deadline:
+                break
+            time.sleep(0.5)
         artifacts = client.read_latest_artifacts()
     assert sorted(t.name for t in task_runs) == sorted(f"check {p}" for p in (good, also_good, bad))
     assert all(t.state.is_completed() for t in task_runs)
