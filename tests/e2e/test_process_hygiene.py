@@ -51,7 +51,8 @@ def wait_for_descendants(process: subprocess.Popen, wanted, timeout_s: float) ->
 
 
 def identities(processes: list[psutil.Process]) -> set[tuple[int, float, str]]:
-    return {(p.pid, p.create_time(), " ".join(p.cmdline())[:80]) for p in processes if p.is_running()}
+    """(pid, start time, whole command line): a checkout's path can be long, so the line is never cut here."""
+    return {(p.pid, p.create_time(), " ".join(p.cmdline())) for p in processes if p.is_running()}
 
 
 def still_running(started: set[tuple[int, float, str]]) -> list[str]:
@@ -60,7 +61,7 @@ def still_running(started: set[tuple[int, float, str]]) -> list[str]:
         try:
             process = psutil.Process(pid)
             if process.create_time() == created and process.status() != psutil.STATUS_ZOMBIE:
-                running.append(f"{pid} {line}")
+                running.append(f"{pid} {line[-100:]}")
         except psutil.NoSuchProcess:
             continue
     return running
