@@ -2,7 +2,8 @@
 
 Every stage resumes from its committed outputs (ingest skips committed work units, precache committed shards,
 training committed steps), so a re-run after any failure redoes only what is missing. A final markdown artifact
-(`pipeline-summary`) holds the stage table and where the results are.
+(`pipeline-summary`) holds the stage table and where the results are. In MLflow the pipeline is a parent run (each
+stage's numbers, the stage table) whose child is the training run, linked to this flow run.
 """
 
 from __future__ import annotations
@@ -15,8 +16,10 @@ from prefect.artifacts import create_markdown_artifact
 from flows.ingest import ingest
 from flows.precache import precache
 from flows.train import train
+from tasks.train import prefect_tags
 from unirl_core.config.schema import Recipe
 from unirl_core.summaries import PipelineSummary
+from unirl_core.tracking.pipeline_run import pipeline_run
 
 
 @flow(name="pipeline", log_prints=True)
@@ -24,18 +27,24 @@ def pipeline(recipe: Recipe) -> PipelineSummary:
     """Run every section the recipe has, in order; returns each stage's summary."""
     stages = {}
     seconds: dict[str, float] = {}
-    for name, section, run in (
-        ("ingest", recipe.ingest, lambda: ingest(recipe.ingest)),
-        ("precache", recipe.precache, lambda: precache(recipe.precache)),
-        ("train", recipe.train, lambda: train(recipe.train, run_name=recipe.name or "train", precache=recipe.precache)),
-    ):
-        if section is None:
-            continue
-        started = time.monotonic()
-        stages[name] = run()
-        seconds[name] = time.monotonic() - started
-    summary = PipelineSummary(**stages, seconds=seconds)
-    create_markdown_artifact(markdown=report(summary), key="pipeline-summary", description=f"pipeline {recipe.name}")
+    experiment = recipe.train.tracking.experiment if recipe.train else "unirl"
+    with pipeline_run(experiment, recipe.name or "pipeline", recipe.model_dump_json(), prefect_tags()) as tracked:
+        for name, section, run in (
+            ("ingest", recipe.ingest, lambda: ingest(recipe.ingest)),
+            ("precache", recipe.precache, lambda: precache(recipe.precache)),
+            ("train", recipe.train,
+             lambda: train(recipe.train, run_name=recipe.name or "train", precache=recipe.precache)),
+        ):  # fmt: skip
+            if section is None:
+                continue
+            started = time.monotonic()
+            stages[name] = run()
+            seconds[name] = time.monotonic() - started
+            tracked.log_stage(name, stages[name].model_dump(mode="json"), seconds[name])
+        summary = PipelineSummary(**stages, seconds=seconds)
+        markdown = report(summary)
+        tracked.log_text(markdown, "pipeline_summary.md")
+    create_markdown_artifact(markdown=markdown, key="pipeline-summary", description=f"pipeline {recipe.name}")
     return summary
 
 

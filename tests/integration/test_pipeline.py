@@ -4,6 +4,7 @@ CPU workers), MLflow (sqlite) and tiny models; a re-run redoes nothing and retur
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -49,11 +50,20 @@ def test_pipeline_runs_every_stage_and_a_rerun_redoes_nothing(prefect_harness, t
     assert [r.round for r in train.rounds] == ["warmup round 0", "rl round 0", "rl round 1"]
     assert train.alias == "candidate" and set(first.seconds) == {"ingest", "precache", "train"}
     assert PipelineSummary.model_validate_json(first.model_dump_json()) == first  # JSON round trip, no pickle
+    # in MLflow: a parent run per pipeline holding each stage's numbers, the training run its child
+    from mlflow.tracking import MlflowClient
+
+    client = MlflowClient(f"sqlite:///{tmp_path / 'mlflow.db'}")
+    parent_id = client.get_run(train.mlflow_run_id).data.tags["mlflow.parentRunId"]
+    parent = client.get_run(parent_id)
+    assert parent.info.status == "FINISHED" and parent.data.metrics["ingest/ok"] == 16
+    assert parent.data.metrics["precache/samples"] == 16
 
     again = pipeline(recipe)
     assert all(r.skipped for r in again.train.rounds)  # every round already committed
     assert again.train.model_version == train.model_version  # no second registration
     assert again.precache.samples == 16
+    assert client.get_run(again.train.mlflow_run_id).data.tags["mlflow.parentRunId"] == parent_id  # found again
 
     # `unirl run`, as a user runs it: the stage table from the typed summaries, then each round's mean
     command = [str(Path(sys.executable).parent / "unirl"), "run", "pipeline_demo"]
@@ -61,6 +71,6 @@ def test_pipeline_runs_every_stage_and_a_rerun_redoes_nothing(prefect_harness, t
     env = {**os.environ, "PREFECT_API_URL": PREFECT_API_URL.value()}
     result = subprocess.run(command, env=env, capture_output=True, text=True, timeout=600)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
-    assert f"| train | 3 rounds, model version {train.model_version} |" in result.stdout
+    assert re.search(rf"\btrain\s+3 rounds, model version {train.model_version}\s", result.stdout), result.stdout
     assert "warmup round 0: mean warm-up loss" in result.stdout and "over 2 steps" in result.stdout
     assert "rl round 0: mean reward" in result.stdout and "rl round 1: mean reward" in result.stdout

@@ -5,6 +5,12 @@ state, so a retried or resumed round logs into the same run. Exactly once: a reo
 steps past the last one MLflow already holds for it (a step re-run after a kill, logged before its checkpoint
 committed, is not logged twice), so every metric's step axis stays monotonic without duplicates. Every call is
 guarded: when the tracking server is down, training goes on and a warning says what was not logged.
+
+What the run page shows (run_page.py): the recipe's defining knobs as params and the whole recipe as
+`recipe.yaml`, a short description, source tags (git commit, command, user, unirl version), the sample grids under
+stable image keys, system metrics (CPU, memory, disk, network; GPU with nvidia-ml-py) while a round runs, and a
+registered model version with a description, tags and a signature. Inside a pipeline flow the run is a child of
+the pipeline's run (PARENT_ENV).
 """
 
 from __future__ import annotations
@@ -18,6 +24,8 @@ from pathlib import Path
 from typing import Any
 
 from unirl_core.io.storage import write_bytes_atomic
+from unirl_core.tracking.model_card import ModelCard
+from unirl_core.tracking.run_page import recipe_yaml
 
 log = logging.getLogger("unirl.tracking")
 
@@ -27,6 +35,8 @@ os.environ.setdefault("MLFLOW_HTTP_REQUEST_TIMEOUT", "20")
 
 RUN_FILE = "mlflow_run.json"
 MAX_PARAM_LENGTH = 6000
+PARENT_ENV = "UNIRL_MLFLOW_PARENT_RUN_ID"  # set by pipeline_run(): runs created meanwhile nest under it
+SYSTEM_METRICS_INTERVAL_S = 10.0  # one sample of CPU/memory/disk/network (and GPU) every 10 s
 
 
 def flatten(value: Any, prefix: str = "") -> dict[str, str]:
@@ -61,8 +71,14 @@ class RunTracker:
             log.warning("MLflow: %s not logged (%s); training continues", what, str(exc).splitlines()[0][:200])
             return None
 
-    def open(self, params: Mapping[str, Any] | None = None) -> str | None:
-        """Find the run of this output_dir again, or create it (with the params); None when MLflow is down."""
+    def open(
+        self,
+        params: Mapping[str, Any] | None = None,
+        recipe: Mapping[str, Any] | None = None,
+        description: str | None = None,
+    ) -> str | None:
+        """Find the run of this output_dir again, or create it (with the params and the resolved `recipe` as
+        `recipe.yaml`); set the tags, the source tags and the description. None when MLflow is down."""
         from mlflow.tracking import MlflowClient
 
         from unirl_core.tracking.mlflow_runs import ensure_experiment, tracking_uri
@@ -87,13 +103,27 @@ class RunTracker:
                 write_bytes_atomic(str(record), json.dumps({"run_id": self.run_id, "tracking_uri": uri}).encode())
                 if params:
                     self.log_params(params)
+                if recipe is not None:
+                    self._guard("recipe.yaml", "log_text", self.run_id, recipe_yaml(recipe), "recipe.yaml")
         except Exception as exc:
             self.failures += 1
             log.warning("MLflow unavailable (%s); training continues without tracking", str(exc).splitlines()[0])
             self.client = self.client if self.run_id else None
             return self.run_id
-        self.set_tags(self.tags)
+        self.set_tags(self._guard("source tags", self.open_tags, description) or self.tags)
         return self.run_id
+
+    def open_tags(self, description: str | None) -> dict[str, str]:
+        """The caller's tags (a Prefect link that is no http URL dropped), the source tags, the parent run, and the
+        description: set when the run is new or a Prefect flow run now holds it (a retry, a resume)."""
+        from unirl_core.tracking.run_page import http_url, source_tags
+
+        tags = source_tags() | {k: v for k, v in self.tags.items() if not k.endswith("_url") or http_url(v)}
+        if os.environ.get(PARENT_ENV):
+            tags["mlflow.parentRunId"] = os.environ[PARENT_ENV]
+        if description and (not self.reopened or "prefect.flow_run_url" in tags):
+            tags["mlflow.note.content"] = description
+        return tags
 
     def log_params(self, params: Mapping[str, Any]) -> None:
         from mlflow.entities import Param
@@ -129,8 +159,34 @@ class RunTracker:
             self.last_step[key] = max((m.step for m in history or []), default=-1)
         return self.last_step[key]
 
-    def log_image(self, image, key: str, step: int) -> None:
+    def log_image(self, image, key: str, step: int, file: str | Path | None = None) -> None:
+        """`image` under `key` at `step` (MLflow's image card: one card per key, a slider over the steps; stored as
+        `images/<key>+step+...` with a compressed copy); `file`, a PNG of it, also as `<key>/<file name>`."""
         self._guard(f"image {key}", "log_image", self.run_id, image, key=key, step=step)
+        if file is not None:
+            self._guard(f"image file {key}", "log_artifact", self.run_id, str(file), key)
+
+    @contextlib.contextmanager
+    def system_metrics(self, interval_s: float = SYSTEM_METRICS_INTERVAL_S):
+        """System metrics (`system/...`: CPU, memory, disk, network, GPU with nvidia-ml-py) of this machine every
+        `interval_s` (MLFLOW_SYSTEM_METRICS_SAMPLING_INTERVAL overrides it) for the block, continuing the run's
+        system step axis on reopen; nothing when MLflow is down."""
+        monitor = self._guard("system metrics", self._start_monitor, interval_s)
+        try:
+            yield monitor
+        finally:
+            if monitor is not None:
+                self._guard("system metrics", monitor.finish)
+
+    def _start_monitor(self, interval_s: float):
+        from mlflow.system_metrics.system_metrics_monitor import SystemMetricsMonitor
+
+        from unirl_core.tracking.mlflow_runs import tracking_uri
+
+        monitor = SystemMetricsMonitor(self.run_id, sampling_interval=interval_s, resume_logging=True,
+                                       tracking_uri=tracking_uri())  # fmt: skip
+        monitor.start()
+        return monitor
 
     def log_dataset(self, name: str, source: str, digest: str, context: str = "training") -> None:
         """A dataset as an MLflow input (shown on the run page), identified by a content digest."""
@@ -140,17 +196,28 @@ class RunTracker:
         entry = DatasetInput(dataset, tags=[InputTag("mlflow.data.context", context)])
         self._guard(f"dataset {name}", "log_inputs", self.run_id, datasets=[entry])
 
-    def register(self, local_dir: str, artifact_path: str, model_name: str, alias: str) -> str | None:
-        """Log a model folder as artifacts and register it as a new version of `model_name` with `alias`."""
+    def register(self, local_dir: str, artifact_path: str, model_name: str, alias: str,
+                 card: ModelCard | None = None) -> str | None:  # fmt: skip
+        """Log a model folder as artifacts and register it as a new version of `model_name` with `alias`; with a
+        `card`, the version gets a description, tags and (an `MLmodel` file beside the folder's files) a
+        signature, and the run's description the result."""
 
         def _register():
             self.client.log_artifacts(self.run_id, local_dir, artifact_path)
             run = self.client.get_run(self.run_id)
+            if card is not None:
+                self.client.log_text(self.run_id, card.mlmodel(self.run_id, artifact_path), f"{artifact_path}/MLmodel")
             source = f"{run.info.artifact_uri.rstrip('/')}/{artifact_path}"
             with contextlib.suppress(Exception):  # exists already
                 self.client.create_registered_model(model_name)
-            version = self.client.create_model_version(model_name, source, run_id=self.run_id)
+            description, tags = card.version_card(run) if card else (None, {})
+            version = self.client.create_model_version(model_name, source, run_id=self.run_id, tags=tags,
+                                                       description=description)  # fmt: skip
             self.client.set_registered_model_alias(model_name, alias, version.version)
+            if card is not None:
+                note = run.data.tags.get("mlflow.note.content", "").split("\n\n**Result**")[0]
+                result = f"**Result**: {card.result_line(run)}; registered `{model_name}` version {version.version}"
+                self.client.set_tag(self.run_id, "mlflow.note.content", f"{note}\n\n{result} (alias `{alias}`).")
             return version.version
 
         return self._guard(f"model {model_name}", _register)
@@ -159,10 +226,14 @@ class RunTracker:
         self._guard("run status", "set_terminated", self.run_id, status)
 
     def url(self) -> str | None:
-        """The run page when the tracking URI is a server (http); else None."""
+        """The run page when the tracking URI is a server (http), or when it is the workspace's sqlite database
+        and a live `unirl serve` serves that database's UI; else None."""
         from unirl_core.tracking.mlflow_runs import tracking_uri
+        from unirl_core.workspace import workspace
 
         uri = tracking_uri()
+        if not uri.startswith("http") and uri == f"sqlite:///{workspace().mlflow_db}":
+            uri = str((workspace().served() or {}).get("mlflow_url", ""))
         if not self.run_id or not uri.startswith("http"):
             return None
         run = self._guard("run lookup", "get_run", self.run_id)

@@ -25,3 +25,11 @@ def captioned_grid(images: list, captions: list[str], cols: int, caption_height:
         for col in range(cols):
             grid.paste(images[row * cols + col].convert("RGB"), (col * width, top + caption_height))
     return grid
+
+
+def titled(grid: Image.Image, title: str, title_height: int = 14) -> Image.Image:
+    """`grid` under a one-line title (the step it shows: MLflow's image card names no step)."""
+    out = Image.new("RGB", (grid.width, grid.height + title_height), "white")
+    ImageDraw.Draw(out).text((2, 1), title, fill="black", font=ImageFont.load_default())
+    out.paste(grid, (0, title_height))
+    return out

@@ -297,14 +297,27 @@ class Controller:
         return self.save_grid(grid, path, "samples", step)
 
     def save_grid(self, grid, path: Path, key: str, step: int) -> str:
+        """The grid, titled with its step, to `path` and to MLflow under `key` (and as `<key>/<file name>`). The
+        image card's slider counts a key's grids (0 = the first): the card opens at step 0."""
         import io
 
+        from unirl_core.train.images import titled
+
+        grid = titled(grid, f"{key}: step {step} ({self.round.name})")
         buffer = io.BytesIO()
         grid.save(buffer, format="PNG")
         path.parent.mkdir(parents=True, exist_ok=True)
         write_bytes_atomic(str(path), buffer.getvalue())
-        self.tracker.log_image(grid, key=key, step=step)
+        self.tracker.log_image(grid, key=key, step=self.grid_number(key), file=path)
         return str(path)
+
+    def grid_number(self, key: str) -> int:
+        """This round's grid of `key` among the run's: `samples` one per RL round, `eval` per round evaluated."""
+        if key != "eval":
+            return self.round.index
+        every = self.config.eval_every_rounds
+        rl_rounds = [r for r in plan_rounds(self.config) if r.stage == "rl"]
+        return sum(1 for r in rl_rounds[: self.round.index] if every and (r.index + 1) % every == 0)
 
 
 def reward_metrics(scores: dict[str, list[float]]) -> dict[str, float]:
@@ -315,10 +328,13 @@ def reward_metrics(scores: dict[str, list[float]]) -> dict[str, float]:
 
 
 def open_tracker(config: TrainConfig, run_name: str, tags: dict[str, str] | None):
-    from unirl_core.tracking.run_tracker import RunTracker
+    """The MLflow run of this output_dir: the recipe's defining knobs as params, the whole of it as recipe.yaml."""
+    from unirl_core.tracking.run_page import key_params, run_description
+    from unirl_core.tracking.run_tracker import RunTracker, flatten
 
+    recipe = config.model_dump(mode="json")
     tracker = RunTracker(output_dir(config), config.tracking.experiment, run_name, tags)
-    tracker.open(params=config.model_dump(mode="json"))
+    tracker.open(key_params(flatten(recipe)), recipe, run_description(recipe, run_name, tags or {}))
     return tracker
 
 
@@ -352,6 +368,7 @@ def run_round(
     with (
         worker_group(TrainWorker, config.ray, output_dir(config) / RAY_RECORD, local, credentials, rewards) as group,
         served_rewards(rewards, local, group) as served,
+        tracker.system_metrics(),
     ):
         shards = group.run(TrainWorker.build, config.model_dump_json(), round_.stage, served)
         controller = Controller(config, round_, group, tracker, precache, on_step)

@@ -30,7 +30,8 @@ def finalize(config: TrainConfig, run_name: str = "train", registered_model: str
     export_checkpoint(latest, out, merged=config.model.lora is None)
     tracker = open_tracker(config, run_name, None)
     name = registered_model or config.tracking.registered_model or f"unirl-{run_name}"
-    version = tracker.register(str(out), "adapter" if config.model.lora else "pipeline", name, config.tracking.alias)
+    version = tracker.register(str(out), "adapter" if config.model.lora else "pipeline", name, config.tracking.alias,
+                               model_card(config, run_name))  # fmt: skip
     tracker.finish()
     result = ExportSummary(
         export=str(out), checkpoint=str(latest), registered_model=name, model_version=version,
@@ -42,6 +43,16 @@ def finalize(config: TrainConfig, run_name: str = "train", registered_model: str
 
         write_bytes_atomic(str(done), result.model_dump_json().encode())
     return result
+
+
+def model_card(config: TrainConfig, run_name: str):
+    """What the registered version says of itself (the final reward and data digests come from the run)."""
+    from unirl_core.tracking.model_card import ModelCard
+
+    fmt = "peft-lora-adapter" if config.model.lora else "diffusers-pipeline"
+    return ModelCard(run_name=run_name, family=config.model.family, base_model=config.model.path,
+                     algorithm=config.algorithm.name, steps=config.steps, warmup_steps=config.warmup.steps,
+                     height=config.sampling.height, width=config.sampling.width, format=fmt)  # fmt: skip
 
 
 def train_in_process(
