@@ -11,6 +11,7 @@ export MLFLOW_DISABLE_TELEMETRY := true
 export RAY_USAGE_STATS_ENABLED := 0
 export PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS := 120
 export DO_NOT_TRACK := 1
+export PREFECT_SERVER_ANALYTICS_ENABLED := false
 
 .PHONY: install test lint format clean demo serve ui-check
 

@@ -4,7 +4,9 @@ Commands that need no orchestration (validate, recipes, prompts show, tiny-model
 commands that run flows (prompts check) go through Prefect. Heavy imports happen inside each command, so
 `unirl --help` stays fast. Exit codes: 0 success, 2 bad input (the message says what and how to fix it): any
 `UserError` a command raises becomes one `error: <message>` on stderr, in one place (`UserErrorsExit2`), as does an
-OSError no retry can fix (disk full, read-only, no permission).
+OSError no retry can fix (disk full, read-only, no permission); 1 anything else, as one line naming the exception
+and the log file holding its traceback (`--verbose` lets the traceback through). What the terminal shows and where
+the libraries' logs go: flows/console.py.
 """
 
 from __future__ import annotations
@@ -17,7 +19,9 @@ from typing import TYPE_CHECKING, Annotated
 
 import typer
 from typer.core import TyperGroup
+from typer.exceptions import TyperException
 
+from flows import console
 from flows.cli_bagel import bagel_app
 from flows.cli_rewards import rewards_app
 from flows.cli_tables import echo_table
@@ -44,14 +48,30 @@ class UserErrorsExit2(TyperGroup):
         except ScorerUnavailableError as exc:  # transient, retried by the tasks; once they gave up: one line, exit 1
             typer.echo(f"error: {exc}; check that it is up and reachable, then run the command again", err=True)
             raise typer.Exit(code=1) from None
+        except BrokenPipeError:  # `unirl recipes | head`: the reader left; nothing more to say
+            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # Python's exit flush must not fail
+            raise typer.Exit(code=1) from None
         except OSError as exc:  # disk full, read-only, no permission: one line naming the path, no traceback
             from unirl_core.io.storage import PERMANENT_ERRNOS, is_permanent
 
             if not is_permanent(exc):
-                raise
+                return self._unexpected(exc)
             where = f"{exc.filename}: " if exc.filename else ""
             typer.echo(f"error: {where}{PERMANENT_ERRNOS[exc.errno]}", err=True)
             raise typer.Exit(code=BAD_INPUT) from None
+        except (TyperException, typer.Exit, typer.Abort):  # usage errors, exits: click prints them
+            raise
+        except Exception as exc:
+            return self._unexpected(exc)
+
+    @staticmethod
+    def _unexpected(exc: Exception):
+        """Anything else (a bug, a crashed worker): one line and where its traceback is, exit 1; `--verbose`
+        lets it escape with its traceback."""
+        if console.verbose():
+            raise exc
+        typer.echo(console.error_line(exc), err=True)
+        raise typer.Exit(code=1) from None
 
 
 app = typer.Typer(
@@ -60,6 +80,7 @@ app = typer.Typer(
     no_args_is_help=True,
     add_completion=False,
     pretty_exceptions_enable=False,
+    rich_markup_mode="markdown",  # a docstring's paragraph is one paragraph (no line break mid-sentence)
 )
 prompts_app = typer.Typer(help="Inspect and check prompt files (.txt, .jsonl, .json).", no_args_is_help=True)
 app.add_typer(prompts_app, name="prompts")
@@ -79,11 +100,19 @@ def _print_version(value: bool) -> None:
 
 @app.callback()
 def main(
+    ctx: typer.Context,
     version: Annotated[
         bool, typer.Option("--version", callback=_print_version, is_eager=True, help="Print the version and exit.")
     ] = False,
+    verbose: Annotated[
+        bool,
+        typer.Option(
+            "--verbose", "-v", help="Every library's own log lines on the terminal, and tracebacks (UNIRL_VERBOSE=1)."
+        ),
+    ] = False,
 ) -> None:
     """unirl: ingest image-text data, precache encodings and train image generators with GRPO."""
+    console.prepare(ctx.invoked_subcommand or "unirl", verbose)
 
 
 def _fail(message: str) -> typer.Exit:
@@ -165,12 +194,14 @@ def schema() -> None:
 def recipes() -> None:
     """List the recipes shipped with unirl (usable by name wherever a recipe file is expected)."""
     import yaml
+    from rich.table import Table
 
     from unirl_core.config import packaged_recipes
 
+    table = Table("recipe", "description", box=None, pad_edge=False, header_style="bold")
     for name, path in sorted(packaged_recipes().items()):
-        description = (yaml.safe_load(path.read_text()) or {}).get("description", "")
-        typer.echo(f"{name:<24} {description}")
+        table.add_row(name, (yaml.safe_load(path.read_text()) or {}).get("description", ""))
+    console.stdout.print(table)  # the description wrapped at word boundaries to the terminal's width
 
 
 @prompts_app.command("show")
@@ -209,7 +240,6 @@ def prompts_check(
     prompt_key: Annotated[str, typer.Option(help="JSON key holding the prompt text.")] = "prompt",
 ) -> None:
     """Check many prompt files in a Prefect flow (one task per file); exit 2 if any is bad."""
-    _patient_prefect_startup()
     from flows.prompts import check_prompt_files
 
     reports = check_prompt_files(paths, prompt_key=prompt_key)
@@ -220,12 +250,6 @@ def prompts_check(
         raise typer.Exit(code=BAD_INPUT)
 
 
-def _patient_prefect_startup() -> None:
-    """Without PREFECT_API_URL, Prefect starts an ephemeral server whose first database migration takes about
-    20 s, exactly its default start-up timeout: give it 120 s unless the user chose a value."""
-    os.environ.setdefault("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", "120")
-
-
 @app.command()
 def ingest(
     recipe: Annotated[str, typer.Argument(help="Recipe file or packaged recipe name with an `ingest` section.")],
@@ -233,10 +257,9 @@ def ingest(
 ) -> None:
     """Run the ingest flow (parquet -> WebDataset shards) with a progress bar, then print the summary."""
     config = _recipe_section(recipe, set_, "ingest")
-    _patient_prefect_startup()
     from flows.ingest import ingest as ingest_flow
 
-    with _rich_progress("ingest"):
+    with console.CommandProgress():
         summary = ingest_flow(config)
     _print_summary(summary)
 
@@ -260,10 +283,9 @@ def precache(
         _precache_prompts(_recipe(recipe_ref, set_), prompts_file, cache_dir)
         return
     config = _recipe_section(recipe_ref, set_, "precache")
-    _patient_prefect_startup()
     from flows.precache import precache as precache_flow
 
-    with _rich_progress("precache"):
+    with console.CommandProgress():
         summary = precache_flow(config)
     _print_table(f"precache: {summary.output}", summary.model_dump())
 
@@ -337,19 +359,9 @@ def _train_rounds(recipe, local: bool = False) -> None:
         f"output {config.output_dir}"
     )
     rewards: list[float] = []
-
-    def show(kind: str, row) -> None:
-        if kind != "train_step":
-            return
-        if row["stage"] == "warmup":
-            typer.echo(f"  warm-up step {row['step']:>4}  loss {row['warmup_loss']:.4f}  lr {row['warmup_lr']:.2e}")
-            return
-        rewards.append(row["reward_mean"])
-        cells = "  ".join(fmt.format(row.get(key, float("nan"))) for key, (_, fmt) in TRAIN_COLUMNS.items())
-        typer.echo(f"  {cells}")
-
-    typer.echo("  " + "  ".join(f"{header:>{len(fmt.format(0))}}" for header, fmt in TRAIN_COLUMNS.values()))
-    summary = _train_summary(recipe, local, show)
+    with console.CommandProgress(train_steps=rounds[-1].end if rounds else 0, prefect=not local) as display:
+        show = _step_rows(display, rewards)
+        summary = _train_summary(recipe, local, show)
     for entry in summary.rounds:
         state = "already committed" if entry.skipped else f"{entry.seconds or 0:.1f} s"
         typer.echo(f"{entry.round}: steps {entry.first_step}-{entry.end_step - 1}, {state}")
@@ -363,17 +375,40 @@ def _train_rounds(recipe, local: bool = False) -> None:
     typer.echo(f"MLflow run: {summary.mlflow_run_url or summary.mlflow_run_id}")
 
 
+def _step_rows(display: console.CommandProgress, rewards: list[float]):
+    """A listener printing one line per training step (the header before the first RL step), above the progress
+    display; RL rewards are collected in `rewards` for the trend."""
+
+    def show(kind: str, row) -> None:
+        if kind != "train_step":
+            return
+        if row["stage"] == "warmup":
+            display.line(f"  warm-up step {row['step']:>4}  loss {row['warmup_loss']:.4f}  lr {row['warmup_lr']:.2e}")
+            return
+        if not rewards:
+            display.line("  " + "  ".join(f"{header:>{len(fmt.format(0))}}" for header, fmt in TRAIN_COLUMNS.values()))
+        rewards.append(row["reward_mean"])
+        cells = "  ".join(fmt.format(row.get(key, float("nan"))) for key, (_, fmt) in TRAIN_COLUMNS.items())
+        display.line(f"  {cells}")
+
+    return show
+
+
 def _train_summary(recipe, local: bool, show):
     """The rounds in this process (`local`), or the train flow, with `show(kind, row)` called after every step."""
     name = recipe.name or "train"
     if local:
+        from tasks.progress import report
         from unirl_core.trainer import train_in_process
 
-        return train_in_process(recipe.train, name, recipe.precache, on_step=lambda row: show("train_step", row))
+        def each_step(row: dict) -> None:
+            report("train_step", row)  # the progress display
+            show("train_step", row)
+
+        return train_in_process(recipe.train, name, recipe.precache, on_step=each_step)
     from flows.train import train as train_flow
     from tasks.progress import add_listener, remove_listener
 
-    _patient_prefect_startup()
     add_listener(show)
     try:
         return train_flow(recipe.train, run_name=name, precache=recipe.precache)
@@ -462,18 +497,28 @@ def demo_family_overrides(family: str) -> list[str]:
 
 
 def _run_pipeline(recipe) -> None:
-    from flows.pipeline import pipeline, report
-    from unirl_core.train.metrics_summary import read_metrics, round_means
-    from unirl_core.trainer import METRICS_FILE, output_dir, validate
+    from rich.markdown import Markdown
 
+    from flows.pipeline import pipeline, report
+    from tasks.progress import add_listener, remove_listener
+    from unirl_core.train.metrics_summary import read_metrics, round_means
+    from unirl_core.trainer import METRICS_FILE, output_dir, plan_rounds, validate
+
+    train_steps = None
     if recipe.train is not None:
         validate(recipe.train, recipe.precache)  # before any Prefect or Ray work
+        train_steps = plan_rounds(recipe.train)[-1].end if plan_rounds(recipe.train) else 0
     _quiet_model_libraries()
-    _patient_prefect_startup()
-    summary = pipeline(recipe)
+    with console.CommandProgress(train_steps=train_steps) as display:
+        show = _step_rows(display, [])
+        add_listener(show)
+        try:
+            summary = pipeline(recipe)
+        finally:
+            remove_listener(show)
 
     typer.echo("")
-    typer.echo(report(summary))
+    console.stdout.print(Markdown(report(summary)))
     if recipe.train is None:
         return
     typer.echo("")
@@ -575,41 +620,6 @@ def _recipe_section(recipe: str, overrides: list[str] | None, section: str):
     return config
 
 
-def _rich_progress(label: str):
-    """A Rich progress bar fed by the tasks' in-process progress reports (tasks/progress.py)."""
-    from contextlib import contextmanager
-
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TimeRemainingColumn
-
-    from tasks import progress as task_progress
-
-    @contextmanager
-    def running():
-        with Progress(
-            "[progress.description]{task.description}",
-            BarColumn(),
-            MofNCompleteColumn(),
-            TimeRemainingColumn(),
-            redirect_stdout=False,  # Prefect's log handler keeps the stream it first saw: never hand it a proxy
-            redirect_stderr=False,
-        ) as bar:
-            rows = bar.add_task(f"{label}: rows", total=None)
-
-            def listener(kind: str, amount: int) -> None:
-                if kind == "total_rows":
-                    bar.update(rows, total=amount)
-                elif kind == "rows":
-                    bar.advance(rows, amount)
-
-            task_progress.add_listener(listener)
-            try:
-                yield
-            finally:
-                task_progress.remove_listener(listener)
-
-    return running()
-
-
 def _print_summary(summary: IngestSummary) -> None:
     """The ingest summary (an IngestSummary) as a table; stages that did not run (None) are left out."""
     from rich.console import Console
@@ -628,7 +638,8 @@ def shards_inspect(
     path: Annotated[str, typer.Argument(help="Dataset root, its shards/ folder, or an index.json (local or s3://).")],
     samples: Annotated[int, typer.Option(help="Also print N sample records.", min=0)] = 0,
 ) -> None:
-    """Print the shard index (shards, samples, bytes, skip reasons) and N samples, as JSON lines."""
+    """Print the shard index (complete and incomplete shards, samples, bytes, skip reasons) and N samples, as JSON
+    lines."""
     from unirl_core.ingest.inspect import describe, sample_records
 
     summary = describe(path)

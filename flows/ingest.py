@@ -24,6 +24,7 @@ from unirl_core.summaries import IngestSummary
 @flow(name="ingest", log_prints=True)
 def ingest(config: IngestConfig) -> IngestSummary:
     """Parquet (or jsonl/csv) of captions and image URLs or bytes -> equal-size WebDataset shards and an index."""
+    report("stage", "ingest")  # the `unirl` command's progress display
     started = time.monotonic()
     units = ingest_tasks.plan_units(config)
     new_units = sum(committed_stats(config.dataset_output_root, u, config) is None for u in units)

@@ -13,6 +13,7 @@ from prefect.artifacts import create_progress_artifact, create_table_artifact, u
 from prefect.futures import as_completed
 
 from tasks import precache as precache_tasks
+from tasks.progress import report
 from unirl_core.config.precache import PrecacheConfig
 from unirl_core.precache.stages import summarize
 from unirl_core.summaries import PrecacheSummary
@@ -21,6 +22,7 @@ from unirl_core.summaries import PrecacheSummary
 @flow(name="precache", log_prints=True)
 def precache(config: PrecacheConfig) -> PrecacheSummary:
     """WebDataset shards -> encoding shards of frozen encoders (safe formats by default) and an index."""
+    report("stage", "precache")  # the `unirl` command's progress display
     started = time.monotonic()
     ids, count = precache_tasks.plan_tasks(config)
     futures = precache_tasks.precache_task.map(unmapped(config), ids, unmapped(count))

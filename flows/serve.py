@@ -26,9 +26,9 @@ def _bin(name: str) -> str:
     return str(Path(sys.executable).parent / name)
 
 
-def _ready(url: str) -> bool:
+def _ready(url: str, timeout: float = 2) -> bool:
     try:
-        with urllib.request.urlopen(url, timeout=2) as response:
+        with urllib.request.urlopen(url, timeout=timeout) as response:
             return response.status == 200
     except OSError:
         return False
@@ -109,8 +109,10 @@ def serve(prefect_port: int, mlflow_port: int, worker: bool, echo=print) -> None
         stopping.append(signum)
 
     previous = {s: signal.signal(s, on_signal) for s in (signal.SIGINT, signal.SIGTERM)}
+    record = None
     try:
         servers.start()
+        record = write_record(servers)
         echo(f"Prefect UI:  {servers.prefect_url}   (export PREFECT_API_URL={servers.prefect_url}/api)")
         echo(f"MLflow UI:   {servers.mlflow_url}   (export MLFLOW_TRACKING_URI={servers.mlflow_url})")
         if worker:
@@ -125,6 +127,30 @@ def serve(prefect_port: int, mlflow_port: int, worker: bool, echo=print) -> None
                     stopping.append(0)
             time.sleep(0.5)
     finally:
+        if record is not None:
+            record.unlink(missing_ok=True)
         servers.stop()
         for signum, handler in previous.items():
             signal.signal(signum, handler)
+
+
+def write_record(servers: Servers) -> Path:
+    """Tell later `unirl` commands of this workspace where the servers are (`Workspace.served`), so a command that
+    runs a flow uses this Prefect server instead of starting a temporary one (flows/console.py)."""
+    import json
+
+    from unirl_core.io.storage import write_bytes_atomic
+    from unirl_core.workspace import workspace
+
+    path = workspace().serve_record
+    record = {"pid": os.getpid(), "prefect_api_url": f"{servers.prefect_url}/api", "mlflow_url": servers.mlflow_url}
+    write_bytes_atomic(str(path), json.dumps(record).encode())
+    return path
+
+
+def running_prefect_api() -> str | None:
+    """The API URL of the Prefect server a live `unirl serve` of this workspace runs, if it answers."""
+    from unirl_core.workspace import workspace
+
+    url = str((workspace().served() or {}).get("prefect_api_url", ""))
+    return url if url.startswith(f"http://{HOST}:") and _ready(f"{url}/health", timeout=1) else None

@@ -57,8 +57,10 @@ def main():
 
 
 def _run_command():
+    from flows import console
     from flows.cli import app
 
+    console.is_console_script = True  # this process is the command: its logging is ours to route (flows/console.py)
     return app()
 
 

@@ -8,9 +8,10 @@ that supervises the run, which outlives a killed flow process).
 from __future__ import annotations
 
 from prefect import flow
-from prefect.artifacts import create_markdown_artifact
+from prefect.artifacts import create_markdown_artifact, create_progress_artifact, update_progress_artifact
 
 from tasks import train as train_tasks
+from tasks.progress import report
 from unirl_core.config.precache import PrecacheConfig
 from unirl_core.config.schema import TrainConfig
 from unirl_core.summaries import TrainSummary
@@ -32,10 +33,14 @@ def _stop_ray(flow, flow_run, state) -> None:
 @flow(name="train", log_prints=True, on_cancellation=[_stop_ray], on_crashed=[_stop_ray])
 def train(config: TrainConfig, run_name: str = "train", precache: PrecacheConfig | None = None) -> TrainSummary:
     """Warm-up and RL rounds on a Ray worker group (FSDP2), checkpointed and resumable; MLflow tracked."""
+    report("stage", "train")  # the `unirl` command's progress display
+    planned = plan_rounds(config)
+    progress = create_progress_artifact(progress=0.0, key="train-progress", description=f"training {run_name}: steps")
     rounds = []
-    for index, round_ in enumerate(plan_rounds(config)):
+    for index, round_ in enumerate(planned):
         label = f"{round_.name} (steps {round_.first}-{round_.end - 1})"
         rounds.append(train_tasks.train_round(config, index, label, run_name, precache))
+        update_progress_artifact(progress, progress=100.0 * round_.end / max(planned[-1].end, 1))
     final = train_tasks.register_model(config, run_name)
     summary = TrainSummary(rounds=rounds, final_metrics=rounds[-1].metrics, **final.model_dump())
     create_markdown_artifact(markdown=_report(summary), key="train-summary", description=f"training {run_name}")
@@ -49,7 +54,7 @@ def _report(summary: TrainSummary) -> str:
         loss = s.metrics.get("loss", s.metrics.get("warmup_loss"))
         fmt = lambda v: "" if v is None else f"{v:.4f}"  # noqa: E731
         seconds = "skipped" if s.skipped else f"{s.seconds or 0:.1f}"
-        resumed_from = "" if s.resumed_from is None else s.resumed_from
+        resumed_from = {None: "", -1: "started fresh"}.get(s.resumed_from, f"step {s.resumed_from}")
         lines.append(
             f"| {s.round} | {s.first_step}-{s.end_step - 1} | {fmt(reward)} | {fmt(loss)} | {seconds} "
             f"| {resumed_from} |"
@@ -59,6 +64,11 @@ def _report(summary: TrainSummary) -> str:
         f"- checkpoint: `{summary.checkpoint}`",
         f"- exported: `{summary.export}`",
         f"- registered model: `{summary.registered_model}` version {summary.model_version} (alias `{summary.alias}`)",
-        f"- MLflow run: {summary.mlflow_run_url or summary.mlflow_run_id}",
+        "- MLflow run: "
+        + (
+            f"[{summary.mlflow_run_id}]({summary.mlflow_run_url})"
+            if summary.mlflow_run_url
+            else f"`{summary.mlflow_run_id}`"
+        ),
     ]
     return "\n".join(lines)

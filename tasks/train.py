@@ -22,14 +22,31 @@ from unirl_core.trainer import RoundDeadlineError, finalize, plan_rounds, run_ro
 is_retryable = retry_unless(UserError, transient=(WorkerLostError, RoundDeadlineError))
 
 
+LOGGED_STEPS_PER_ROUND = 50  # the flow run's log gets about this many step lines per round, and always the last
+
+
 def prefect_tags() -> dict[str, str]:
-    """The Prefect flow run this task belongs to, for the MLflow run's tags."""
+    """The Prefect flow run this task belongs to, for the MLflow run's tags; its UI link only when Prefect knows
+    its UI's address (a temporary server has no UI: its `ui_url` reads `None/flow-runs/...`)."""
     from prefect.runtime import flow_run
 
+    from unirl_core.tracking.run_page import http_url
+
     tags = {"prefect.flow_run_id": str(flow_run.id or ""), "prefect.flow_run_name": str(flow_run.name or "")}
-    if flow_run.ui_url:
-        tags["prefect.flow_run_url"] = str(flow_run.ui_url)
+    if url := http_url(flow_run.ui_url):
+        tags["prefect.flow_run_url"] = url
     return {k: v for k, v in tags.items() if v}
+
+
+def step_line(row: dict) -> str:
+    """One training step as a log line: `step 12 (rl round 1): reward -1.4523 +- 0.0135, loss ..., 8.3 img/s`."""
+    where = f"step {row['step']} ({'warm-up' if row['stage'] == 'warmup' else 'rl'} round {row['round']})"
+    if row["stage"] == "warmup":
+        return f"{where}: loss {row['warmup_loss']:.4f}, lr {row['warmup_lr']:.2e}"
+    parts = [f"reward {row['reward_mean']:.4f} +- {row.get('reward_std', float('nan')):.4f}"]
+    parts += [f"{key} {row[key]:.3e}" for key in ("loss", "approx_kl", "grad_norm") if isinstance(row.get(key), float)]
+    parts += [f"{row['images_per_s']:.1f} img/s"] if row.get("images_per_s") else []
+    return f"{where}: {', '.join(parts)}"
 
 
 @task(
@@ -42,11 +59,17 @@ def prefect_tags() -> dict[str, str]:
 def train_round(
     config: TrainConfig, round_index: int, round_label: str, run_name: str, precache: PrecacheConfig | None = None
 ) -> RoundSummary:
+    from prefect import get_run_logger
+
     round_ = plan_rounds(config)[round_index]
-    summary = run_round(
-        config, round_, run_name=run_name, precache=precache, tags=prefect_tags(),
-        on_step=lambda row: report("train_step", row),
-    )  # fmt: skip
+    logger, every = get_run_logger(), max(1, -(-(round_.end - round_.first) // LOGGED_STEPS_PER_ROUND))
+
+    def on_step(row: dict) -> None:
+        report("train_step", row)  # the `unirl` command's display
+        if (row["step"] - round_.first) % every == 0 or row["step"] == round_.end - 1:
+            logger.info(step_line(row))  # the flow run's logs in the Prefect UI
+
+    summary = run_round(config, round_, run_name=run_name, precache=precache, tags=prefect_tags(), on_step=on_step)
     return RoundSummary.model_validate(summary)  # a dict today; a RoundSummary passes through as itself
 
 

@@ -37,6 +37,23 @@ class Workspace:
     def checkpoints(self) -> Path:
         return self.root / "checkpoints"
 
+    @property
+    def serve_record(self) -> Path:
+        """Written by `unirl serve` while it runs: where its Prefect and MLflow servers answer."""
+        return self.root / "serve.json"
+
+    def served(self) -> dict | None:
+        """The record of a live `unirl serve` of this workspace ({"pid", "prefect_api_url", "mlflow_url"}), or None
+        (none written, unreadable, or its process gone: a killed `unirl serve` leaves its record behind)."""
+        import json
+
+        try:
+            record = json.loads(self.serve_record.read_text())
+            os.kill(int(record["pid"]), 0)
+        except (OSError, ValueError, KeyError, TypeError):
+            return None
+        return record if isinstance(record, dict) else None
+
     def ensure(self) -> Workspace:
         for path in (self.root, self.mlflow_artifacts, self.data, self.outputs, self.checkpoints):
             path.mkdir(parents=True, exist_ok=True)

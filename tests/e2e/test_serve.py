@@ -1,5 +1,5 @@
-"""`unirl serve` as a user runs it: the Prefect and MLflow servers answer on 127.0.0.1 only, the worker joins, and
-SIGTERM stops every process it started."""
+"""`unirl serve` as a user runs it: the Prefect and MLflow servers answer on 127.0.0.1 only, the worker joins, other
+commands of the workspace run their flows on its Prefect server, and SIGTERM stops every process it started."""
 
 from __future__ import annotations
 
@@ -63,6 +63,17 @@ def test_serve_starts_prefect_mlflow_and_a_worker_on_loopback_and_stops_them_on_
         ports = {prefect_port, mlflow_port}
         listening = [c for c in psutil.net_connections(kind="inet") if c.status == "LISTEN" and c.laddr.port in ports]
         assert listening and all(c.laddr.ip == "127.0.0.1" for c in listening)
+        # a command of the same workspace runs its flow on this server (no temporary one, no start-up wait)
+        (tmp_path / "p.txt").write_text("a\nb\n")
+        check = subprocess.run([UNIRL, "prompts", "check", str(tmp_path / "p.txt")], env=env, capture_output=True,
+                               text=True, timeout=120)  # fmt: skip
+        assert check.returncode == 0, check.stderr
+        [log] = (tmp_path / "home" / "logs").glob("*-prompts-*.log")
+        assert "Starting temporary server" not in log.read_text()
+        request = urllib.request.Request(f"http://127.0.0.1:{prefect_port}/api/flow_runs/filter", data=b"{}",
+                                         headers={"Content-Type": "application/json"})  # fmt: skip
+        with urllib.request.urlopen(request, timeout=10) as response:
+            assert [run["name"] for run in json.loads(response.read())]  # the check's flow run, in this server
     finally:
         process.send_signal(signal.SIGTERM)
         process.wait(timeout=60)

@@ -58,6 +58,7 @@ def tracking(tmp_path_factory):
     root = tmp_path_factory.mktemp("mlflow")
     with pytest.MonkeyPatch.context() as patch:
         patch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{root / 'mlflow.db'}")
+        patch.setenv("MLFLOW_SYSTEM_METRICS_SAMPLING_INTERVAL", "1")
         yield f"sqlite:///{root / 'mlflow.db'}"
 
 
@@ -126,6 +127,75 @@ def test_mlflow_has_params_metrics_images_inputs_and_the_registered_model(refere
     assert sorted(d.dataset.name for d in run.inputs.dataset_inputs) == ["precache", "prompts"]
     version = client.get_model_version_by_alias(summary.registered_model, "candidate")
     assert version.run_id == run.info.run_id and str(version.version) == str(summary.model_version)
+
+
+def test_the_prefect_flow_run_logs_its_steps_shows_progress_and_a_plain_summary(reference, tracking):
+    """What a user watching the Prefect UI sees: per-step lines in the flow run's logs, a progress artifact at 100%
+    once done, the summary without raw sentinels; the MLflow run's link to the flow run is a real http URL."""
+    from mlflow.tracking import MlflowClient
+    from prefect.client.orchestration import get_client
+    from prefect.client.schemas.filters import ArtifactFilter, ArtifactFilterFlowRunId, LogFilter, LogFilterFlowRunId
+
+    _, summary = reference
+    tags = MlflowClient(tracking).get_run(summary.mlflow_run_id).data.tags
+    flow_run_id = tags["prefect.flow_run_id"]
+    assert tags.get("prefect.flow_run_url", "http").startswith("http")  # never "None/flow-runs/..."
+    with get_client(sync_client=True) as client:
+        deadline = time.monotonic() + 60  # logs reach the API in batches
+        while True:
+            lines = [
+                log.message for log in client.read_logs(LogFilter(flow_run_id=LogFilterFlowRunId(any_=[flow_run_id])))
+            ]
+            if any(line.startswith("step 6 (rl round 1): reward") for line in lines) or time.monotonic() > deadline:
+                break
+            time.sleep(0.5)
+        artifacts = {a.key: a for a in client.read_artifacts(artifact_filter=ArtifactFilter(flow_run_id=ArtifactFilterFlowRunId(any_=[flow_run_id])))}  # fmt: skip
+    steps = [line.split()[1] for line in lines if line.startswith("step ")]
+    assert steps == ["0", "1", "2", "3", "4", "5", "6"], lines  # every step of these short rounds, in order
+    assert any(line.startswith("step 0 (warm-up round 0): loss ") for line in lines)
+    assert artifacts["train-progress"].data == 100.0
+    table = artifacts["train-summary"].data
+    assert "started fresh" in table and "| -1 |" not in table
+
+
+def test_mlflow_image_cards_open_on_a_grid_and_slide_over_one_per_round(reference, tracking, tmp_path):
+    """MLflow's image card starts at step 0: each key's grids are numbered 0, 1, ... (one per round), and also
+    stored under plain names."""
+    from mlflow.tracking import MlflowClient
+    from PIL import Image
+
+    output_dir, summary = reference
+    client, run_id = MlflowClient(tracking), summary.mlflow_run_id
+    images = [a.path for a in client.list_artifacts(run_id, "images") if a.path.endswith(".png")]
+    for key, grids in (("samples", [0, 1]), ("eval", [0])):  # a grid per RL round; one evaluation, after round 2
+        steps = sorted(int(p.split("+step+")[1].split("+")[0]) for p in images if p.startswith(f"images/{key}+"))
+        assert steps == grids
+    first = next(p for p in images if p.startswith("images/samples+step+0+"))
+    local = Image.open(summary.rounds[1].samples)
+    assert Image.open(client.download_artifacts(run_id, first, str(tmp_path))).tobytes() == local.tobytes()
+    assert [a.path for a in client.list_artifacts(run_id, "samples")] == [
+        f"samples/{Path(r.samples).name}" for r in summary.rounds[1:]]  # fmt: skip
+
+
+def test_mlflow_run_page_has_a_short_description_few_params_sources_and_system_metrics(reference, tracking):
+    from mlflow.tracking import MlflowClient
+
+    output_dir, summary = reference
+    client = MlflowClient(tracking)
+    run = client.get_run(summary.mlflow_run_id)
+    note = run.data.tags["mlflow.note.content"]
+    last = [json.loads(line) for line in (output_dir / "metrics.jsonl").read_text().splitlines()][-1]
+    assert "**rounds-test**" in note and f"final reward_mean {last['reward_mean']:.4g}" in note
+    assert "tracker_buffer_size" not in note and len(note) < 1000  # no parameter dump
+    assert 0 < len(run.data.params) <= 15 and run.data.params["steps"] == "4"
+    assert run.data.tags["unirl.version"] and run.data.tags["mlflow.user"]
+    assert "system/cpu_utilization_percentage" in run.data.metrics
+    assert "recipe.yaml" in [a.path for a in client.list_artifacts(run.info.run_id)]  # the whole resolved recipe
+    version = client.get_model_version(summary.registered_model, summary.model_version)
+    assert f"final reward_mean {last['reward_mean']:.4g}" in version.description
+    assert version.tags["family"] == "sd3" and version.tags["steps"] == "4" and version.tags["algorithm"] == "grpo"
+    mlmodel = Path(client.download_artifacts(summary.mlflow_run_id, "adapter/MLmodel")).read_text()
+    assert "signature:" in mlmodel and "[-1, 32, 32, 3]" in mlmodel
 
 
 def test_exports_load_with_from_pretrained_and_match_the_trained_model(reference, tmp_path):

@@ -67,7 +67,11 @@ def test_a_full_or_read_only_disk_is_one_error_line_naming_the_path(monkeypatch,
 def test_recipes_lists_packaged_recipes():
     result = run("recipes")
     assert result.exit_code == 0
-    assert [line.split()[0] for line in result.stdout.splitlines()] == [
+    lines = result.stdout.splitlines()
+    assert lines[0].split() == ["recipe", "description"]
+    assert max(len(line.rstrip()) for line in lines) <= 80  # descriptions wrapped at word boundaries, not mid-word
+    assert "openai/clip-vit-large-patch14" in result.stdout.replace("\n", " ")
+    assert [line.split()[0] for line in lines[1:] if not line.startswith(" ")] == [
         "demo",
         "demo_dancegrpo",
         "demo_diffusion_nft",
@@ -188,8 +192,9 @@ def test_a_user_error_raised_by_the_core_is_one_error_line_and_exit_2(tmp_path):
     assert_one_error_line(result, f"training cannot start: train.data: {tmp_path / 'missing.txt'}: no such prompt")
 
 
-def test_an_unexpected_error_is_not_dressed_as_a_user_error(monkeypatch):
-    """Only UserError is caught: a bug keeps its traceback (and exit code 1)."""
+def test_an_unexpected_error_is_one_line_naming_its_type_and_verbose_shows_the_traceback(monkeypatch):
+    """A bug is not dressed as a user error (exit 1, its exception type named) but is not a wall of traceback
+    either: one line and a hint; `--verbose` lets it escape with its traceback."""
     import unirl_core.config
 
     def broken(*args, **kwargs):
@@ -197,6 +202,9 @@ def test_an_unexpected_error_is_not_dressed_as_a_user_error(monkeypatch):
 
     monkeypatch.setattr(unirl_core.config, "load_recipe", broken)
     result = run("validate", "demo")
+    assert result.exit_code == 1 and isinstance(result.exception, SystemExit)
+    assert result.stderr.splitlines() == ["error: KeyError: 'a bug'", "  `unirl --verbose ...` prints the traceback"]
+    result = run("--verbose", "validate", "demo")
     assert result.exit_code == 1 and isinstance(result.exception, KeyError)
     assert "error:" not in result.stderr
 

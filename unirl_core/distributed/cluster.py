@@ -59,9 +59,12 @@ def ray_cluster(
                 include_dashboard=False,
                 _node_ip_address=LOOPBACK,
                 _temp_dir=temp_dir or session_root(),
-                logging_level="WARNING",
+                # its start-up advice ("token authentication is enabled ...") is not news for a loopback cluster
+                # this process owns; its warnings come back once it is up
+                logging_level="ERROR",
                 log_to_driver=False,
             )
+        logging.getLogger("ray").setLevel(logging.WARNING)
         if record:
             _record_processes(Path(record))
     try:

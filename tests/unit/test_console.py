@@ -1,0 +1,61 @@
+"""The `unirl` command's progress display (flows/console.py), drawn on a recording terminal."""
+
+from __future__ import annotations
+
+import io
+
+from rich.console import Console
+
+from flows import console
+from tasks import progress
+
+
+def terminal() -> Console:
+    return Console(file=io.StringIO(), force_terminal=True, width=160, color_system=None)
+
+
+def test_the_display_follows_each_stage_with_its_rate_step_and_reward(monkeypatch):
+    screen = terminal()
+    monkeypatch.setattr(console, "stderr", screen)
+    with console.CommandProgress(train_steps=4) as display:
+        progress.report("stage", "ingest")
+        progress.report("total_rows", 10)
+        progress.report("rows", 4)
+        progress.report("rows", 6)
+        ingest_bar = display.bar.tasks[display.current]
+        assert (ingest_bar.completed, ingest_bar.total, ingest_bar.description) == (10, 10, "ingest")
+        progress.report("stage", "train")
+        progress.report("train_step", {"step": 0, "stage": "warmup", "round": 0, "warmup_loss": 0.5})
+        rl_row = {"step": 2, "stage": "rl", "round": 0, "reward_mean": -1.25, "loss": 0.01, "images_per_s": 8.0}
+        progress.report("train_step", rl_row)
+        display.line("a line above the bar")
+        display.bar.refresh()
+        train_bar = display.bar.tasks[display.current]
+        assert (train_bar.completed, train_bar.total) == (3, 4)
+        drawn = screen.file.getvalue()
+    assert "train" in drawn and "3/4" in drawn and "reward -1.2500" in drawn and "8.0 img/s" in drawn
+    assert "a line above the bar" in drawn
+    assert progress._listeners == []  # the display stops listening when the command ends
+
+
+def test_without_a_terminal_nothing_is_drawn_and_lines_go_to_stdout(monkeypatch, capsys):
+    piped = Console(file=io.StringIO(), force_terminal=False)
+    monkeypatch.setattr(console, "stderr", piped)
+    monkeypatch.setattr(console, "stdout", Console(file=__import__("sys").stdout))
+    with console.CommandProgress() as display:
+        progress.report("stage", "ingest")
+        progress.report("rows", 3)
+        display.line("  step row")
+    assert piped.file.getvalue() == ""  # not even a blank line in a pipe
+    assert capsys.readouterr().out == "  step row\n"
+
+
+def test_an_error_line_names_the_type_the_first_line_and_the_log_file(tmp_path, monkeypatch):
+    log = tmp_path / "logs" / "x.log"
+    monkeypatch.setenv(console.LOG_FILE_ENV, str(log))
+    try:
+        raise RuntimeError("the worker died\n  (its traceback)\n")
+    except RuntimeError as exc:
+        line = console.error_line(exc)
+    assert line.splitlines() == ["error: RuntimeError: the worker died", f"  the traceback is in {log}; `unirl --verbose ...` prints it"]  # fmt: skip
+    assert "Traceback (most recent call last)" in log.read_text() and "the worker died" in log.read_text()
