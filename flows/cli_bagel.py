@@ -9,6 +9,8 @@ from typing import Annotated
 
 import typer
 
+from unirl_core.errors import UserError
+
 BAD_INPUT = 2
 
 bagel_app = typer.Typer(
@@ -82,6 +84,8 @@ def pack_stats(
         if tokenizer:
             mixture.tokenizer = tokenizer
         stats = collect(mixture, packs, Layout(rank, world_size, num_workers, mixture.seed), worker)
+    except UserError:
+        raise  # a BagelConfigError: `error: BAGEL data config ...`, one line per problem (the app prints it)
     except (ValueError, FileNotFoundError) as error:
         raise _fail(f"pack-stats {config}: {error}") from error
     if as_json:

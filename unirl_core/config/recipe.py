@@ -29,6 +29,7 @@ _ENV_PATTERN = re.compile(r"(?<!\$)\$\{env:([A-Za-z_][A-Za-z0-9_]*)(?:,([^}$]*))
 _LEFTOVER_PATTERN = re.compile(r"(?<!\$)\$\{")
 _KEY_PATTERN = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*(\.([A-Za-z_][A-Za-z0-9_]*|[0-9]+))*$")
 _MISSING = "<missing>"
+_SECTION = "<section>"  # the value was a whole section: its validator's message says what is wrong in it
 
 
 @dataclass(frozen=True)
@@ -38,6 +39,8 @@ class RecipeIssue:
     message: str  # what is wrong and what is allowed
 
     def __str__(self) -> str:
+        if self.value is _SECTION:
+            return f"{self.path}: {self.message}" if self.path else self.message
         shown = self.value if self.value is _MISSING else repr(self.value)
         return f"{self.path or '<recipe>'}: got {shown}; {self.message}"
 
@@ -45,10 +48,12 @@ class RecipeIssue:
 class RecipeError(UserError, ValueError):
     """A recipe that cannot be used; carries every issue found."""
 
+    what = "recipe"  # names the kind of file in the first line; subclasses for other config files set their own
+
     def __init__(self, source: str, issues: Sequence[RecipeIssue]):
         self.source = source
         self.issues = list(issues)
-        lines = [f"recipe {source}: {len(self.issues)} error(s)"] + [f"  {issue}" for issue in self.issues]
+        lines = [f"{self.what} {source}: {len(self.issues)} error(s)"] + [f"  {issue}" for issue in self.issues]
         super().__init__("\n".join(lines))
 
 
@@ -109,7 +114,7 @@ def recipe_from_tree(
     try:
         recipe = Recipe.model_validate(tree)
     except ValidationError as exc:
-        raise RecipeError(source, [_issue_from_pydantic(err) for err in exc.errors()]) from None
+        raise RecipeError(source, validation_issues(exc)) from None
     issues = [RecipeIssue(path, value, message) for path, value, message in recipe.problems()]
     if issues:
         raise RecipeError(source, issues)
@@ -247,27 +252,60 @@ def _join(path: str, part: str) -> str:
     return f"{path}.{part}" if path else part
 
 
-def _issue_from_pydantic(err: dict) -> RecipeIssue:
+def validation_issues(error: ValidationError, root: type[BaseModel] = Recipe) -> list[RecipeIssue]:
+    """One issue per problem pydantic found validating `root` (any config model): the dotted key, the value given
+    and the fix, "did you mean" for an unknown key; no pydantic URL or error type."""
+    return [_issue_from_pydantic(err, root) for err in error.errors(include_url=False)]
+
+
+def _issue_from_pydantic(err: dict, root: type[BaseModel]) -> RecipeIssue:
     loc = [str(p) for p in err["loc"]]
     path = ".".join(loc)
     value = err.get("input", _MISSING)
     if err["type"] == "missing":
         return RecipeIssue(path, _MISSING, "this field is required")
+    if err["type"] == "value_error":  # a validator's own message, without pydantic's "Value error, " prefix
+        message = str(err.get("ctx", {}).get("error", err["msg"]))
+        return RecipeIssue(path, _SECTION if isinstance(value, Mapping) else value, message)
     if err["type"] == "extra_forbidden":
-        allowed = _allowed_keys(loc[:-1])
-        hint = difflib.get_close_matches(loc[-1], allowed, n=1)
-        suggestion = f"did you mean '{hint[0]}'? " if hint else ""
-        allowed_text = f"allowed here: {', '.join(allowed)}" if allowed else "this section has no settings yet"
-        return RecipeIssue(path, value, f"unknown key; {suggestion}{allowed_text}")
+        return RecipeIssue(path, value, unknown_key_message(loc[-1], _allowed_keys(loc[:-1], root)))
     return RecipeIssue(path, value, err["msg"])
 
 
-def _allowed_keys(loc: Sequence[str]) -> list[str]:
-    model: type[BaseModel] | None = Recipe
+def unknown_key_message(key: str, allowed: Sequence[str]) -> str:
+    """What to say about an unknown `key`: the closest allowed key, if one is close, and every allowed key."""
+    hint = difflib.get_close_matches(key, allowed, n=1)
+    suggestion = f"did you mean '{hint[0]}'? " if hint else ""
+    allowed_text = f"allowed here: {', '.join(allowed)}" if allowed else "this section has no settings yet"
+    return f"unknown key; {suggestion}{allowed_text}"
+
+
+def _allowed_keys(loc: Sequence[str], root: type[BaseModel]) -> list[str]:
+    """The keys of the section at `loc` under `root`, through nested models, mappings and lists of them."""
+    annotation: Any = root
     for part in loc:
+        container = _container_item(annotation)
+        if container is not None:  # `part` is a key or an index of a mapping/list: step to its items' type
+            annotation = container
+            continue
+        model = _model_class(annotation)
         field = model.model_fields.get(part) if model else None
-        model = _model_class(field.annotation) if field else None
+        if field is None:
+            return []
+        annotation = field.annotation
+    model = _model_class(annotation)
     return list(model.model_fields) if model else []
+
+
+def _container_item(annotation: Any) -> Any:
+    """The item type of a `dict[str, X]` or `list[X]` annotation (optional or not), else None."""
+    for candidate in (annotation, *typing.get_args(annotation)):
+        origin = typing.get_origin(candidate)
+        if origin is dict:
+            return typing.get_args(candidate)[1]
+        if origin is list:
+            return typing.get_args(candidate)[0]
+    return None
 
 
 class _UniqueKeyLoader(yaml.SafeLoader):

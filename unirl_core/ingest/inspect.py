@@ -1,9 +1,11 @@
-"""Read back an ingested dataset: the index, the skip accounting, and a few sample records (`unirl shards inspect`)."""
+"""Read back an ingested dataset or a precache output: the index, the incomplete tail shards it leaves out, the skip
+accounting, and a few sample records (`unirl shards inspect`)."""
 
 from __future__ import annotations
 
 import io
 import json
+import tarfile
 from collections import Counter
 from collections.abc import Iterator
 
@@ -12,9 +14,10 @@ import numpy as np
 from PIL import Image
 
 from unirl_core.errors import UserError
+from unirl_core.ingest.reorganize import INCOMPLETE
 from unirl_core.io import storage
 from unirl_core.io.shard_index import INDEX, read_index
-from unirl_core.io.tars import iter_samples
+from unirl_core.io.tars import iter_samples, sample_key
 
 IMAGE_EXTENSIONS = ("jpg", "jpeg", "png", "webp")
 
@@ -36,37 +39,82 @@ def _locate(path: str) -> tuple[str, str]:
 
 
 def describe(path: str) -> dict:
+    """The summary line of `unirl shards inspect`: the index's complete shards and samples (what wdinfo.pkl and
+    NeMo's loader count) and the incomplete tail shards beside them, counted by reading them."""
     root, folder = _locate(path)
     index = read_index(folder)
-    reasons: Counter = Counter()
-    rows = 0
-    fs, shards_path = fsspec.core.url_to_fs(folder)
-    precache_tasks = sorted(fs.glob(f"{shards_path}/t*_r*.done.json"))
-    if precache_tasks:  # a precache output: its own source samples and skips
-        for done_path in precache_tasks:
-            done = json.loads(fs.cat_file(done_path))
-            rows += done["source_samples"]
-            reasons.update(s["reason"].split(":")[0] for s in done["skipped"])
-    else:  # an ingest output: rows and skips of the raw shards
-        fs, raw = fsspec.core.url_to_fs(f"{root}/raw")
-        for stats_path in sorted(fs.glob(f"{raw}/*_stats.json")):
-            stats = json.loads(fs.cat_file(stats_path))
-            rows += stats["count"]
-            reasons.update(stats["skip_reasons"])
-        reasons.update(index.get("skipped_in_reorganize", {}))
+    rows, reasons = _rows_and_skips(root, folder, index)
     complete = [s["url"] for s in index["shardlist"]]
-    return {
+    tail = _incomplete_shards(folder, index)
+    tail_samples = sum(tail.values())
+    fs, shards_path = fsspec.core.url_to_fs(folder)
+    summary = {
         "dataset": root,
         "shards_folder": folder,
         "shards": len(complete),
         "samples": index["total_key_count"],
         "bytes": sum(s["filesize"] for s in index["shardlist"]),
         "chunk_size": index["chunk_size"],
-        "incomplete": index["incomplete"],
+        "incomplete": list(tail),
+        "incomplete_shards": len(tail),
+        "incomplete_samples": tail_samples,
+        "incomplete_bytes": sum(fs.size(f"{shards_path}/{name}") for name in tail),
+        "total_samples": index["total_key_count"] + tail_samples,
         "rows": rows,
         "skip_reasons": dict(sorted(reasons.items())),
-        "shard_names": complete + index["incomplete"],
+        "shard_names": complete + list(tail),
     }
+    if tail_samples:
+        summary["note"] = (
+            f"{tail_samples} sample(s) in {len(tail)} incomplete shard(s), short of chunk_size "
+            f"{index['chunk_size']}: the index (wdinfo.pkl, index.json) lists complete shards only, so NeMo's loader "
+            "skips them; unirl reads every shard"
+        )
+    return summary
+
+
+def _rows_and_skips(root: str, folder: str, index: dict) -> tuple[int, Counter]:
+    """Source rows and skip reasons: a precache output's task records, else an ingest output's raw shard stats."""
+    reasons: Counter = Counter()
+    rows = 0
+    fs, shards_path = fsspec.core.url_to_fs(folder)
+    precache_tasks = sorted(fs.glob(f"{shards_path}/t*_r*.done.json"))
+    if precache_tasks:
+        for done_path in precache_tasks:
+            done = json.loads(fs.cat_file(done_path))
+            rows += done["source_samples"]
+            reasons.update(s["reason"].split(":")[0] for s in done["skipped"])
+        return rows, reasons
+    fs, raw = fsspec.core.url_to_fs(f"{root}/raw")
+    for stats_path in sorted(fs.glob(f"{raw}/*_stats.json")):
+        stats = json.loads(fs.cat_file(stats_path))
+        rows += stats["count"]
+        reasons.update(stats["skip_reasons"])
+    reasons.update(index.get("skipped_in_reorganize", {}))
+    return rows, reasons
+
+
+def _incomplete_shards(folder: str, index: dict) -> dict[str, int]:
+    """{name: samples} of the tail shards present in `folder`: those the index lists as incomplete and those with
+    a `<name>.INCOMPLETE` marker (ingest and precache both write one), samples counted from the tar headers."""
+    fs, shards_path = fsspec.core.url_to_fs(folder)
+    present = {p.rsplit("/", 1)[-1] for p in fs.glob(f"{shards_path}/*.tar")}
+    markers = fs.glob(f"{shards_path}/*.tar{INCOMPLETE}")
+    marked = sorted(p.rsplit("/", 1)[-1].removesuffix(INCOMPLETE) for p in markers)
+    complete = {s["url"] for s in index["shardlist"]}
+    names = dict.fromkeys(n for n in [*index["incomplete"], *marked] if n in present and n not in complete)
+    return {name: _count_samples(f"{folder}/{name}") for name in names}
+
+
+def _count_samples(path: str) -> int:
+    """Samples in a tar, from its member names only (members of a sample are adjacent; no data is decoded)."""
+    count, last = 0, None
+    with fsspec.open(path, "rb") as f, tarfile.open(fileobj=f, mode="r|") as tar:
+        for member in tar:
+            key = sample_key(member.name)[0] if member.isfile() else last
+            if key != last:
+                count, last = count + 1, key
+    return count
 
 
 KNOWN_EXTENSIONS = {*IMAGE_EXTENSIONS, "txt", "json"}

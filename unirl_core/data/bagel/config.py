@@ -23,17 +23,23 @@ group without `frame_sampler_args` (both required arguments there). `seed` defau
 
 Relative paths are resolved against the YAML's folder. Unknown keys are errors naming the allowed ones. The models
 stand on the shared config base (StrictModel): assignments are validated too, and a weight must be finite.
+`load_mixture` reports every problem of a YAML as recipes do (`BagelConfigError`): one line per problem, with the
+key as written in the file, the value and the fix.
 """
 
 from __future__ import annotations
 
+import dataclasses
+import typing
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 import yaml
-from pydantic import Field, ValidationError, model_validator
+from pydantic import AfterValidator, Field, ValidationError, create_model, model_validator
 
+from unirl_core.config.recipe import RecipeError, RecipeIssue, unknown_key_message, validation_issues
 from unirl_core.config.schema_base import StrictModel
+from unirl_core.data.bagel.packing import PackingConfig
 from unirl_core.data.bagel.transforms import ImageTransformArgs
 
 DATASET_TYPES = ("t2i_pretrain", "unified_edit", "vlm_sft")
@@ -47,6 +53,12 @@ BAGEL_GROUP_KEYS = {  # the YAML keys BAGEL's build_datasets turns into each con
     "vlm_sft": _GROUP_COMMON | {"frame_sampler_args", "shuffle_lines", "shuffle_seed"},
 }
 BAGEL_SEED = 42  # BAGEL's DataArguments.data_seed: the seed of its file shuffle
+
+
+class BagelConfigError(RecipeError):
+    """A BAGEL data config that cannot be used; carries every issue found, keys as written in the YAML."""
+
+    what = "BAGEL data config"
 
 
 class TransformArgs(StrictModel):
@@ -97,11 +109,27 @@ class DatasetInfo(StrictModel):
     jsonl_path: str | None = None  # vlm_sft: the conversations file
 
 
+def _packing_settings() -> type[StrictModel]:
+    """PackingConfig's fields as a config model, so a mixture's `packing:` keys and values are checked with the
+    rest of the YAML (types, unknown keys with "did you mean")."""
+    hints = typing.get_type_hints(PackingConfig)
+    fields = {f.name: (hints[f.name], f.default) for f in dataclasses.fields(PackingConfig)}
+    return create_model("PackingSettings", __base__=StrictModel, **fields)
+
+
+PackingSettings = _packing_settings()
+
+
+def _as_written(settings: StrictModel) -> dict[str, Any]:
+    return settings.model_dump(exclude_unset=True)
+
+
 class Mixture(StrictModel):
     groups: dict[str, GroupConfig]
     dataset_info: dict[str, dict[str, DatasetInfo]]
     tokenizer: str | None = None
-    packing: dict[str, Any] = Field(default_factory=dict)
+    # PackingConfig keys; checked against its fields, then kept as the mapping written (defaults left unset)
+    packing: Annotated[PackingSettings, AfterValidator(_as_written)] = Field(default_factory=dict)
     seed: int = BAGEL_SEED
     target: Literal["bagel", "unirl"] = "bagel"
 
@@ -166,10 +194,20 @@ class Mixture(StrictModel):
 
 
 def _resolve(value: str | None, base: Path) -> str | None:
-    if value is None or "://" in value:
+    if not isinstance(value, str) or "://" in value:  # None, a URL, or a wrong type the model reports
         return value
     path = Path(value).expanduser()
     return str(path if path.is_absolute() else (base / path).resolve())
+
+
+def _resolve_data_paths(info_tree: Any, base: Path) -> None:
+    """Resolve the dataset_info entries' relative paths against `base`, in place; a malformed tree is left as it is
+    for the model to report."""
+    for entries in info_tree.values() if isinstance(info_tree, dict) else ():
+        for entry in entries.values() if isinstance(entries, dict) else ():
+            for key in ("data_dir", "parquet_info_path", "jsonl_path"):
+                if isinstance(entry, dict) and key in entry:
+                    entry[key] = _resolve(entry[key], base)
 
 
 def _load_tree(path: Path) -> dict[str, Any]:
@@ -191,11 +229,11 @@ def load_mixture(path: str | Path, dataset_info: str | Path | None = None, targe
     if dataset_info is not None or isinstance(info_tree, str):
         info_path = Path(dataset_info) if dataset_info is not None else path.parent / info_tree
         info_tree, info_base = _load_tree(info_path.expanduser().resolve()), info_path.expanduser().resolve().parent
-    for entries in info_tree.values():
-        for entry in (entries or {}).values():
-            for key in ("data_dir", "parquet_info_path", "jsonl_path"):
-                if isinstance(entry, dict) and key in entry:
-                    entry[key] = _resolve(entry[key], info_base)
+    _resolve_data_paths(info_tree, info_base)
+    unknown = [k for k in tree if k not in (*DATASET_TYPES, *RESERVED_KEYS)]
+    if unknown:  # a typo of a reserved key would otherwise read as a group of an unknown dataset type
+        allowed = [*DATASET_TYPES, *RESERVED_KEYS]
+        raise BagelConfigError(str(path), [RecipeIssue(k, tree[k], unknown_key_message(k, allowed)) for k in unknown])
     groups = {k: v for k, v in tree.items() if k not in RESERVED_KEYS}
     settings = {k: tree[k] for k in ("packing", "seed", "target") if k in tree}
     if target is not None:
@@ -205,4 +243,10 @@ def load_mixture(path: str | Path, dataset_info: str | Path | None = None, targe
             groups=groups, dataset_info=info_tree, tokenizer=_resolve(tree.get("tokenizer"), path.parent), **settings
         )
     except ValidationError as error:
-        raise ValueError(f"{path}: {error}") from error
+        issues = [_key_in_file(issue) for issue in validation_issues(error, Mixture)]
+        raise BagelConfigError(str(path), issues) from None
+
+
+def _key_in_file(issue: RecipeIssue) -> RecipeIssue:
+    """`groups.t2i_pretrain.weight` is `t2i_pretrain.weight` in the YAML: its groups are top-level keys."""
+    return dataclasses.replace(issue, path=issue.path.removeprefix("groups."))
