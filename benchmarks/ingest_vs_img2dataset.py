@@ -1,6 +1,7 @@
 """unirl ingest vs img2dataset 1.47 vs the bare CPU loop, on the same JPEGs served from a loopback HTTP server.
 
-    .venv/bin/python benchmarks/ingest_vs_img2dataset.py [--images 2000] [--processes 2] [--threads 16]
+    .venv/bin/python benchmarks/ingest_vs_img2dataset.py [--images 2000] [--processes 2] [--threads 16] [--timeout 10]
+    .venv/bin/python benchmarks/ingest_vs_img2dataset.py --slow-hosts --threads 64 --timeout 5 [--images 20000]
 
 - Generates `--images` photo-like JPEGs of mixed sizes (300-1500 px), cached in --work.
 - Serves them from a loopback HTTP server in this process (both tools fetch over real HTTP).
@@ -12,13 +13,22 @@
   `--processes` processes: the CPU limit of the work itself.
 - Peak RSS of `unirl ingest` with 1x and 4x the rows (the same images under 4 URLs each).
 
-Same settings everywhere: keep_ratio 256, JPEG quality 95, the same process and thread counts.
+Same settings everywhere: keep_ratio 256, JPEG quality 95, the same process and thread counts, and `--timeout` as
+img2dataset's socket timeout and as unirl's connect and read timeouts; no retries.
+
+`--slow-hosts` runs the same images as an open-internet mix instead: one URL in 20 is a slow host (answers after
+3 s), one in 20 a dead host (a loopback port that accepts the connection and never answers: both tools give up
+at `--timeout`), evenly spread through the input. It prints unirl and img2dataset on that input, unirl on the
+fault-free input, and the ratios (goals: unirl >= 1.5x img2dataset, and >= 0.8x its own fault-free rate). Each
+slow or dead row holds a thread for 3 s or `--timeout`, so the threads must cover that wait: at 5 s, 0.4
+thread-seconds per row on average, hence `--threads 64`. The bare loop and the RSS check are skipped.
 """
 
 from __future__ import annotations
 
 import argparse
 import io
+import itertools
 import json
 import os
 import shutil
@@ -30,6 +40,7 @@ import time
 from concurrent.futures import ProcessPoolExecutor
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
+from socketserver import BaseRequestHandler, ThreadingTCPServer
 
 import numpy as np
 import pyarrow as pa
@@ -39,6 +50,8 @@ from PIL import Image
 ROOT = Path(__file__).resolve().parents[1]
 UNIRL = str(Path(sys.executable).parent / "unirl")
 PREFECT = str(Path(sys.executable).parent / "prefect")
+FAULT_EVERY = 20  # --slow-hosts: row i is slow when i % 20 == 10 and dead when i % 20 == 19 (5% each)
+SLOW_S = 3.0  # seconds a slow host waits before it answers
 
 
 def photo_like(width: int, height: int, seed: int) -> bytes:
@@ -52,23 +65,33 @@ def photo_like(width: int, height: int, seed: int) -> bytes:
     return out.getvalue()
 
 
-def make_images(folder: Path, count: int) -> list[Path]:
+def _make_image(job: tuple[Path, int, int, int]) -> None:
+    path, width, height, seed = job
+    path.write_bytes(photo_like(width, height, seed))
+
+
+def make_images(folder: Path, count: int, processes: int) -> list[Path]:
+    """Image i has a size drawn i-th from one seeded stream, so a larger --images keeps the smaller set's images."""
     folder.mkdir(parents=True, exist_ok=True)
     rng = np.random.default_rng(0)
-    paths = []
-    for i in range(count):
-        path = folder / f"{i:05d}.jpg"
-        if not path.exists():
-            width, height = (int(v) for v in rng.integers(300, 1501, 2))
-            path.write_bytes(photo_like(width, height, seed=i))
-        else:
-            rng.integers(300, 1501, 2)
-        paths.append(path)
+    sizes = [(int(w), int(h)) for w, h in (rng.integers(300, 1501, 2) for _ in range(count))]
+    paths = [folder / f"{i:05d}.jpg" for i in range(count)]
+    missing = [(path, w, h, i) for i, (path, (w, h)) in enumerate(zip(paths, sizes, strict=True)) if not path.exists()]
+    with ProcessPoolExecutor(processes) as pool:
+        list(pool.map(_make_image, missing, chunksize=16))
     return paths
 
 
+class QuietServer(ThreadingHTTPServer):
+    daemon_threads = True
+
+    def handle_error(self, request, client_address):
+        pass  # a client that gave up (timeout) breaks the pipe: expected here
+
+
 def serve(images: list[Path]) -> tuple[ThreadingHTTPServer, str]:
-    bodies = [p.read_bytes() for p in images]
+    """Image i at /<i>-<copy>.jpg, and the same after SLOW_S seconds at /slow/<i>-<copy>.jpg (read per request:
+    20,000 images are ~3 GB)."""
 
     class Handler(BaseHTTPRequestHandler):
         protocol_version = "HTTP/1.1"
@@ -78,24 +101,48 @@ def serve(images: list[Path]) -> tuple[ThreadingHTTPServer, str]:
 
         def do_GET(self):
             index = int(self.path.rsplit("/", 1)[-1].split(".")[0].split("-")[0])
-            body = bodies[index]
+            body = images[index].read_bytes()
+            if self.path.startswith("/slow/"):
+                time.sleep(SLOW_S)
             self.send_response(200)
             self.send_header("Content-Type", "image/jpeg")
             self.send_header("Content-Length", str(len(body)))
             self.end_headers()
             self.wfile.write(body)
 
-    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    server = QuietServer(("127.0.0.1", 0), Handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    return server, f"http://127.0.0.1:{server.server_address[1]}"
+
+
+def serve_dead_host() -> tuple[ThreadingTCPServer, str]:
+    """A host that accepts connections, reads the request and never answers, until the client hangs up."""
+
+    class Silent(BaseRequestHandler):
+        def handle(self):
+            while self.request.recv(65536):
+                pass
+
+    server = ThreadingTCPServer(("127.0.0.1", 0), Silent)
     server.daemon_threads = True
     threading.Thread(target=server.serve_forever, daemon=True).start()
     return server, f"http://127.0.0.1:{server.server_address[1]}"
 
 
-def write_input(path: Path, base: str, count: int, copies: int = 1) -> Path:
+def url_for(i: int, copy: int, base: str, dead_base: str | None) -> str:
+    name = f"{i:05d}-{copy}.jpg"
+    if dead_base is not None and i % FAULT_EVERY == FAULT_EVERY - 1:
+        return f"{dead_base}/{name}"
+    if dead_base is not None and i % FAULT_EVERY == FAULT_EVERY // 2:
+        return f"{base}/slow/{name}"
+    return f"{base}/{name}"
+
+
+def write_input(path: Path, base: str, count: int, copies: int = 1, dead_base: str | None = None) -> Path:
+    """The input rows; with `dead_base`, one row in FAULT_EVERY is a slow host and one a dead host."""
     rows = [
-        {"url": f"{base}/{i:05d}-{c}.jpg", "caption": f"benchmark image {i} copy {c}"}
-        for c in range(copies)
-        for i in range(count)
+        {"url": url_for(i, c, base, dead_base), "caption": f"benchmark image {i} copy {c}"}
+        for c, i in itertools.product(range(copies), range(count))
     ]
     pq.write_table(pa.Table.from_pylist(rows), path)
     return path
@@ -124,19 +171,19 @@ def ensure_img2dataset(venv: Path) -> Path:
     return binary
 
 
-def run_img2dataset(binary: Path, parquet: Path, out: Path, args) -> tuple[float, int]:
+def run_img2dataset(binary: Path, parquet: Path, out: Path, args) -> tuple[float, dict]:
     shutil.rmtree(out, ignore_errors=True)
     command = [
         str(binary), "--url_list", str(parquet), "--input_format", "parquet", "--url_col", "url",
         "--caption_col", "caption", "--output_format", "webdataset", "--output_folder", str(out),
         "--processes_count", str(args.processes), "--thread_count", str(args.threads),
         "--image_size", "256", "--resize_mode", "keep_ratio", "--encode_quality", "95",
-        "--number_sample_per_shard", "1000", "--timeout", "10", "--retries", "0",
+        "--number_sample_per_shard", "1000", "--timeout", str(args.timeout), "--retries", "0",
         "--disallowed_header_directives", "[]", "--enable_wandb", "False",
     ]  # fmt: skip
     seconds, _, _ = run_measured(command)
-    ok = sum(json.loads(p.read_text())["successes"] for p in out.glob("*_stats.json"))
-    return seconds, ok
+    stats = [json.loads(p.read_text()) for p in out.glob("*_stats.json")]
+    return seconds, {"ok": sum(s["successes"] for s in stats), "rows": sum(s["count"] for s in stats)}
 
 
 def run_unirl(parquet: Path, out: Path, args, env: dict) -> tuple[float, int, dict]:
@@ -156,6 +203,8 @@ def run_unirl(parquet: Path, out: Path, args, env: dict) -> tuple[float, int, di
                         "image_size": 256,
                         "encode_quality": 95,
                         "retries": 0,
+                        "connect_timeout_s": args.timeout,
+                        "read_timeout_s": args.timeout,
                     },
                     "reorganize_tar": {"tar_chunk_size": 1000},
                 }
@@ -165,7 +214,8 @@ def run_unirl(parquet: Path, out: Path, args, env: dict) -> tuple[float, int, di
     seconds, peak, _ = run_measured([UNIRL, "ingest", str(recipe)], env=env)
     stats = [json.loads(p.read_text()) for p in (out / "raw").glob("*_stats.json")]
     in_flow = sum(s["successes"] for s in stats) / max(s["duration"] for s in stats)
-    return seconds, peak, {"ok": sum(s["successes"] for s in stats), "unit_rate": in_flow}
+    return seconds, peak, {"ok": sum(s["successes"] for s in stats), "rows": sum(s["count"] for s in stats),
+                           "unit_rate": in_flow}  # fmt: skip
 
 
 def _bare_one(path: str) -> int:
@@ -207,11 +257,65 @@ def start_prefect_server(home: Path) -> tuple[subprocess.Popen, dict]:
     raise RuntimeError("the Prefect server did not start")
 
 
+def report(label: str, seconds: float, result: dict) -> None:
+    inside = f"; {result['unit_rate']:.1f} images/s inside the units" if "unit_rate" in result else ""
+    print(
+        f"{label:30} {result['ok'] / seconds:8.1f} images/s {result['rows'] / seconds:8.1f} rows/s  "
+        f"({seconds:.1f} s end to end, {result['ok']} ok of {result['rows']} rows{inside})",
+        flush=True,
+    )
+
+
+def compare_fault_free(args, images: list[Path], parquet: Path, base: str, env: dict) -> None:
+    bare = run_bare(images, args.processes)
+    print(f"bare loop           {args.images / bare:8.1f} images/s  ({bare:.1f} s)", flush=True)
+    unirl_s, rss_1x, unirl = run_unirl(parquet, args.work / "out-unirl", args, env)
+    print(
+        f"unirl ingest        {unirl['ok'] / unirl_s:8.1f} images/s  ({unirl_s:.1f} s end to end, "
+        f"{unirl['unit_rate']:.1f} images/s inside the units, {unirl['ok']} ok)",
+        flush=True,
+    )
+    if not args.skip_img2dataset:
+        binary = ensure_img2dataset(args.work / "img2dataset-venv")
+        i2d_s, i2d = run_img2dataset(binary, parquet, args.work / "out-img2dataset", args)
+        print(f"img2dataset 1.47    {i2d['ok'] / i2d_s:8.1f} images/s  ({i2d_s:.1f} s, {i2d['ok']} ok)", flush=True)
+        print(f"ratio unirl / img2dataset   {(unirl['ok'] / unirl_s) / (i2d['ok'] / i2d_s):.2f}  (goal >= 1.5)")
+    print(f"ratio unirl / bare loop     {(unirl['ok'] / unirl_s) / (args.images / bare):.2f}  (goal >= 0.8)")
+    if not args.skip_rss:
+        parquet4 = write_input(args.work / "input4.parquet", base, args.images, copies=4)
+        _, rss_4x, _ = run_unirl(parquet4, args.work / "out-unirl-4x", args, env)
+        print(f"peak RSS unirl ingest: {rss_1x} MB at 1x, {rss_4x} MB at 4x ({rss_4x / rss_1x:.2f}x; goal <= 1.2)")
+
+
+def compare_slow_hosts(args, clean: Path, faulty: Path, env: dict) -> None:
+    """Both tools on the slow-host input; unirl (and img2dataset) on the fault-free input for their own ratio. The
+    ratio to the fault-free run is in rows/s: the 5% dead rows can never be images."""
+    clean_s, _, clean_run = run_unirl(clean, args.work / "out-unirl", args, env)
+    report("unirl ingest, no faults", clean_s, clean_run)
+    slow_s, rss, slow_run = run_unirl(faulty, args.work / "out-unirl-slow-hosts", args, env)
+    report("unirl ingest, slow hosts", slow_s, slow_run)
+    own = (slow_run["rows"] / slow_s) / (clean_run["rows"] / clean_s)
+    print(f"peak RSS unirl ingest, slow hosts: {rss} MB", flush=True)
+    if not args.skip_img2dataset:
+        binary = ensure_img2dataset(args.work / "img2dataset-venv")
+        i2d_clean_s, i2d_clean = run_img2dataset(binary, clean, args.work / "out-img2dataset", args)
+        report("img2dataset 1.47, no faults", i2d_clean_s, i2d_clean)
+        i2d_s, i2d = run_img2dataset(binary, faulty, args.work / "out-img2dataset-slow-hosts", args)
+        report("img2dataset 1.47, slow hosts", i2d_s, i2d)
+        versus = (slow_run["ok"] / slow_s) / (i2d["ok"] / i2d_s)
+        print(f"ratio unirl / img2dataset, slow hosts     {versus:.2f}  (images/s; goal >= 1.5)")
+        i2d_own = (i2d["rows"] / i2d_s) / (i2d_clean["rows"] / i2d_clean_s)
+        print(f"ratio img2dataset slow hosts / no faults  {i2d_own:.2f}  (rows/s)")
+    print(f"ratio unirl slow hosts / no faults        {own:.2f}  (rows/s; goal >= 0.8)")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--images", type=int, default=2000)
     parser.add_argument("--processes", type=int, default=2)
     parser.add_argument("--threads", type=int, default=16)
+    parser.add_argument("--timeout", type=float, default=10.0, help="seconds; both tools' connect and read timeout")
+    parser.add_argument("--slow-hosts", action="store_true", help="5%% slow hosts (3 s), 5%% dead hosts")
     parser.add_argument("--work", type=Path, default=Path(tempfile.gettempdir()) / "unirl-ingest-bench")
     parser.add_argument("--skip-img2dataset", action="store_true")
     parser.add_argument("--skip-rss", action="store_true")
@@ -219,33 +323,25 @@ def main() -> None:
     args.work.mkdir(parents=True, exist_ok=True)
 
     print(f"generating {args.images} JPEGs (300-1500 px) in {args.work / 'images'} ...", flush=True)
-    images = make_images(args.work / "images", args.images)
+    images = make_images(args.work / "images", args.images, args.processes)
     megabytes = sum(p.stat().st_size for p in images) / 1e6
     server, base = serve(images)
+    dead, dead_base = serve_dead_host()
     parquet = write_input(args.work / "input.parquet", base, args.images)
     prefect, env = start_prefect_server(args.work / "prefect-home")
     try:
-        bare = run_bare(images, args.processes)
-        print(f"bare loop           {args.images / bare:8.1f} images/s  ({bare:.1f} s)", flush=True)
-        unirl_s, rss_1x, unirl = run_unirl(parquet, args.work / "out-unirl", args, env)
+        if args.slow_hosts:
+            faulty = write_input(args.work / "input-slow-hosts.parquet", base, args.images, dead_base=dead_base)
+            compare_slow_hosts(args, parquet, faulty, env)
+        else:
+            compare_fault_free(args, images, parquet, base, env)
         print(
-            f"unirl ingest        {unirl['ok'] / unirl_s:8.1f} images/s  ({unirl_s:.1f} s end to end, "
-            f"{unirl['unit_rate']:.1f} images/s inside the units, {unirl['ok']} ok)",
-            flush=True,
+            f"input: {args.images} images, {megabytes:.0f} MB; {args.processes} processes x {args.threads} threads; "
+            f"timeout {args.timeout:g} s"
         )
-        if not args.skip_img2dataset:
-            binary = ensure_img2dataset(args.work / "img2dataset-venv")
-            i2d_s, i2d_ok = run_img2dataset(binary, parquet, args.work / "out-img2dataset", args)
-            print(f"img2dataset 1.47    {i2d_ok / i2d_s:8.1f} images/s  ({i2d_s:.1f} s, {i2d_ok} ok)", flush=True)
-            print(f"ratio unirl / img2dataset   {(unirl['ok'] / unirl_s) / (i2d_ok / i2d_s):.2f}  (goal >= 1.5)")
-        print(f"ratio unirl / bare loop     {(unirl['ok'] / unirl_s) / (args.images / bare):.2f}  (goal >= 0.8)")
-        if not args.skip_rss:
-            parquet4 = write_input(args.work / "input4.parquet", base, args.images, copies=4)
-            _, rss_4x, _ = run_unirl(parquet4, args.work / "out-unirl-4x", args, env)
-            print(f"peak RSS unirl ingest: {rss_1x} MB at 1x, {rss_4x} MB at 4x ({rss_4x / rss_1x:.2f}x; goal <= 1.2)")
-        print(f"input: {args.images} images, {megabytes:.0f} MB; {args.processes} processes x {args.threads} threads")
     finally:
         server.shutdown()
+        dead.shutdown()
         prefect.terminate()
         prefect.wait(timeout=30)
 

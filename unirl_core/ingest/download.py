@@ -4,10 +4,12 @@
     raw/NNNNN.parquet      one row per input row, failures included: status, skip_reason, error_message, ...
     raw/NNNNN_stats.json   counts and the skip-reason histogram; written LAST: it is the unit's commit record
 
-Rows stream from the input in batches; fetching and transforming run on a thread pool with a bounded window, so
-memory stays flat. A unit of at least `error_budget_min_rows` rows is committed only if its skip rate is within
-the error budget; otherwise it fails with the reason histogram and nothing is written under a final name (the
-dataset as a whole is judged before reorganize_tar: budget.py). Error messages are stable across runs (no memory
+Rows stream from the input in batches; fetching and transforming run on a thread pool and finish in completion
+order, so a slow or dead host holds up only its own row (no head-of-line blocking). Finished rows wait in a bounded
+reorder buffer and are written in input order, so the shard's bytes do not depend on which host was slow
+(ordered_map). A unit of at least `error_budget_min_rows` rows is committed only if its skip rate is within the
+error budget; otherwise it fails with the reason histogram and nothing is written under a final name (the dataset
+as a whole is judged before reorganize_tar: budget.py). Error messages are stable across runs (no memory
 addresses), so two runs over the same input write the same parquet and the same `status_dict`.
 """
 
@@ -17,9 +19,9 @@ import hashlib
 import json
 import re
 import time
-from collections import Counter, deque
+from collections import Counter
 from collections.abc import Callable, Iterable, Iterator
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass
 from datetime import UTC, datetime
 
@@ -50,6 +52,15 @@ NON_OUTPUT_SETTINGS = {
 }
 # `<_io.BytesIO object at 0x7f...>` in Pillow's and urllib3's messages: differs on every run
 MEMORY_ADDRESS = re.compile(r" at 0x[0-9a-fA-F]+")
+# Rows queued or running per fetch thread: enough to keep every thread busy, few enough to stay cheap.
+RUNNING_PER_THREAD = 2
+# Rows a unit may run ahead of its oldest unwritten row, per fetch thread. Finished rows wait in memory (an encoded
+# output image plus its record, ~30 KB at 256 px) until every earlier row is done, so this bounds that memory:
+# 16 threads -> 1024 rows (~30 MB). It also bounds the stall: the buffer fills only when the oldest row is slower
+# than the time the unit needs for 64 x threads rows (at 16 threads and ~150 rows/s, about 7 s; a 3 s host and a
+# 5 s timeout fit).
+AHEAD_PER_THREAD = 64
+_END = object()
 
 
 @dataclass
@@ -98,7 +109,8 @@ def download_unit(root: str, unit: WorkUnit, config: IngestConfig, on_row: Calla
     records, reasons = [], Counter()
     with TarShardWriter(paths["tar"]) as writer, ThreadPoolExecutor(stage.download_num_threads) as pool:
         worker = _RowWorker(unit, stage)
-        for result in ordered_map(pool, worker, _iter_rows(unit, stage), window=4 * stage.download_num_threads):
+        running, ahead = RUNNING_PER_THREAD * stage.download_num_threads, AHEAD_PER_THREAD * stage.download_num_threads
+        for result in ordered_map(pool, worker, _iter_rows(unit, stage), running, ahead):
             records.append(result.row)
             if result.members is None:
                 reasons[result.row["skip_reason"]] += 1
@@ -115,15 +127,35 @@ def download_unit(root: str, unit: WorkUnit, config: IngestConfig, on_row: Calla
     return stats
 
 
-def ordered_map(pool: ThreadPoolExecutor, fn: Callable, items: Iterable, window: int) -> Iterator:
-    """`pool.map` in input order with at most `window` items in flight (bounded memory on long inputs)."""
-    pending: deque[Future] = deque()
-    for item in items:
-        pending.append(pool.submit(fn, item))
-        if len(pending) >= window:
-            yield pending.popleft().result()
-    while pending:
-        yield pending.popleft().result()
+def ordered_map(pool: ThreadPoolExecutor, fn: Callable, items: Iterable, max_running: int, max_ahead: int) -> Iterator:
+    """`pool.map` in input order, computed in completion order (a slow item holds up only itself).
+
+    At most `max_running` items are queued or running. A finished item waits in a reorder buffer until every earlier
+    item is yielded; the newest submitted item is at most `max_ahead` positions past the oldest unyielded one, so the
+    buffer holds fewer than `max_ahead` results: when the oldest item is slow, later ones finish and wait until the
+    span reaches `max_ahead`, then submission pauses until the oldest finishes. Memory stays bounded on long inputs.
+    An item's exception is raised in its turn, as `pool.map` does.
+    """
+    assert 0 < max_running <= max_ahead
+    items = iter(items)
+    running: dict[Future, int] = {}  # future -> input position
+    finished: dict[int, Future] = {}  # the reorder buffer: done, waiting for an earlier position
+    submitted = yielded = 0
+    while True:
+        while len(running) < max_running and submitted - yielded < max_ahead:
+            item = next(items, _END)
+            if item is _END:
+                break
+            running[pool.submit(fn, item)] = submitted
+            submitted += 1
+        if not running:  # the input is exhausted and every result yielded (the oldest is never left in `finished`)
+            return
+        done, _ = wait(running, return_when=FIRST_COMPLETED)
+        for future in done:
+            finished[running.pop(future)] = future
+        while yielded in finished:
+            yield finished.pop(yielded).result()
+            yielded += 1
 
 
 def _iter_rows(unit: WorkUnit, stage: DownloadImagesConfig) -> Iterator[tuple[int, dict]]:
