@@ -25,7 +25,7 @@ os.environ.setdefault("RAY_AUTH_MODE", "disabled")
 os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
 os.environ.setdefault("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", "120")
 os.environ.setdefault("DO_NOT_TRACK", "1")
-os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")  # the server's telemetry (DO_NOT_TRACK is not enough)
+os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")  # Prefect server telemetry: not DO_NOT_TRACK
 os.environ["UNIRL_HOME"] = tempfile.mkdtemp(prefix="unirl-home-")
 
 import ipaddress  # noqa: E402
