@@ -44,9 +44,11 @@ demo: install
 serve: install
 	$(BIN)/unirl serve
 
-# Headless Chromium (Debian's chromium package) opens the demo run in both UIs; screenshots in .unirl/ui-check/.
+# The demo in a scratch workspace against both servers, then headless Chromium (Debian's chromium package) checks
+# its pages show their data and link each other; screenshots in $UNIRL_HOME/ui-check/ (.unirl/ui-check/).
+# UI_CHECK_ARGS: e.g. --served (a live `unirl serve`'s demo, nothing run), --break mlflow-run-charts (see it fail).
 ui-check: install
-	$(BIN)/python tools/ui_check.py
+	$(BIN)/python tools/ui_check.py $(UI_CHECK_ARGS)
 
 # Removes the virtualenv and caches. Never the workspace (.unirl): it holds your runs, data and checkpoints.
 clean:
