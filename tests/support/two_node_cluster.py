@@ -11,6 +11,7 @@ import json
 import logging
 import os
 import sys
+import tempfile
 from pathlib import Path
 
 import ray
@@ -33,6 +34,9 @@ class EnvWorker(TorchWorker):  # defined in __main__: Ray ships it by value
 def main(temp_dir: str) -> dict:
     # The nodes take this machine's address, not 127.0.0.1: a worker raylet reaches the head through the address Ray
     # resolves for "localhost", which is the machine's.
+    # Ray's test cluster records its address in its default temp folder (/tmp/ray/ray_current_cluster) whatever
+    # temp_dir says, and only creates that folder when something else started a Ray there first
+    Path(tempfile.gettempdir(), "ray").mkdir(exist_ok=True)
     cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 1, "include_dashboard": False,
                                                             "temp_dir": temp_dir})  # fmt: skip
     cluster.add_node(num_cpus=1)

@@ -240,7 +240,7 @@ def test_num_used_data_upsamples_and_config_errors(demo, enc, tmp_path):
     assert len(data.units) == 6 and Counter(Counter(data.units).values()) == {2: 2, 1: 2}
     text = demo.read_text()
     cases = {
-        "t2i_pretrain:": ("t2i_pretraining:", "unknown dataset type 't2i_pretraining'"),
+        "t2i_pretrain:": ("t2i_pretraining:", "t2i_pretraining: got .*; unknown key; did you mean 't2i_pretrain'"),
         "is_mandatory: true": ("is_mandatory: true\n  weigth: 1", "weigth"),
         "- demo_vlm": ("- demo_vlm_missing", "no entry in dataset_info"),
     }
