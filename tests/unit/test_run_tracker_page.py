@@ -163,6 +163,7 @@ def test_the_image_card_opens_on_the_first_grid_of_each_key():
 def test_the_run_link_points_at_the_mlflow_ui_of_a_running_unirl_serve(tmp_path, client, monkeypatch):
     """With the workspace's own sqlite store, the run has a page only while `unirl serve` serves it: its record
     gives the link (a record left by a dead process gives none)."""
+    from unirl_core.tracking.run_tracker import run_url
     from unirl_core.workspace import workspace
 
     store = Path(client.tracking_uri.removeprefix("sqlite:///"))
@@ -175,6 +176,9 @@ def test_the_run_link_points_at_the_mlflow_ui_of_a_running_unirl_serve(tmp_path,
     workspace().serve_record.write_text(json.dumps(record))
     experiment = client.get_run(tracker.run_id).info.experiment_id
     assert tracker.url() == f"http://127.0.0.1:5055/#/experiments/{experiment}/runs/{tracker.run_id}"
+    assert run_url(tracker.run_id) == tracker.url()  # a finished training's re-run asks again (another port, ...)
+    workspace().serve_record.write_text(json.dumps(record | {"mlflow_url": "http://127.0.0.1:5066"}))
+    assert run_url(tracker.run_id) == f"http://127.0.0.1:5066/#/experiments/{experiment}/runs/{tracker.run_id}"
     dead = subprocess.Popen(["true"])
     dead.wait()
     workspace().serve_record.write_text(json.dumps(record | {"pid": dead.pid}))

@@ -226,16 +226,31 @@ class RunTracker:
         self._guard("run status", "set_terminated", self.run_id, status)
 
     def url(self) -> str | None:
-        """The run page when the tracking URI is a server (http), or when it is the workspace's sqlite database
-        and a live `unirl serve` serves that database's UI; else None."""
-        from unirl_core.tracking.mlflow_runs import tracking_uri
-        from unirl_core.workspace import workspace
+        return run_url(self.run_id, lambda: self._guard("run lookup", "get_run", self.run_id))
 
-        uri = tracking_uri()
-        if not uri.startswith("http") and uri == f"sqlite:///{workspace().mlflow_db}":
-            uri = str((workspace().served() or {}).get("mlflow_url", ""))
-        if not self.run_id or not uri.startswith("http"):
+
+def run_url(run_id: str | None, lookup=None) -> str | None:
+    """The page of run `run_id` when the tracking URI is a server (http), or when it is the workspace's sqlite
+    database and a live `unirl serve` serves that database's UI; else None. Asked when needed, never stored for
+    later: a server's address changes between runs. `lookup()` returns the run (for its experiment id); by default
+    the tracking store is asked, and a failure gives experiment 0 (MLflow's page redirects)."""
+    from unirl_core.tracking.mlflow_runs import tracking_uri
+    from unirl_core.workspace import workspace
+
+    uri = tracking_uri()
+    if not uri.startswith("http") and uri == f"sqlite:///{workspace().mlflow_db}":
+        uri = str((workspace().served() or {}).get("mlflow_url", ""))
+    if not run_id or not uri.startswith("http"):
+        return None
+    if lookup is None:
+
+        def lookup():
+            from mlflow.tracking import MlflowClient
+
+            with contextlib.suppress(Exception):  # a link is not worth a failure
+                return MlflowClient(tracking_uri()).get_run(run_id)
             return None
-        run = self._guard("run lookup", "get_run", self.run_id)
-        experiment = run.info.experiment_id if run else "0"
-        return f"{uri.rstrip('/')}/#/experiments/{experiment}/runs/{self.run_id}"
+
+    run = lookup()
+    experiment = run.info.experiment_id if run else "0"
+    return f"{uri.rstrip('/')}/#/experiments/{experiment}/runs/{run_id}"

@@ -25,8 +25,11 @@ def finalize(config: TrainConfig, run_name: str = "train", registered_model: str
         raise CheckpointError(f"{output_dir(config) / 'checkpoints'}: no committed checkpoint to export")
     out = output_dir(config) / "export" / latest.name
     done = out.parent / f"{latest.name}.registered.json"
-    if done.is_file():  # a re-run of a finished training: the same export and model version
-        return ExportSummary.model_validate_json(done.read_text())
+    if done.is_file():  # a re-run of a finished training: the same export and model version, the run's link as now
+        from unirl_core.tracking.run_tracker import run_url
+
+        finished = ExportSummary.model_validate_json(done.read_text())
+        return finished.model_copy(update={"mlflow_run_url": run_url(finished.mlflow_run_id)})
     export_checkpoint(latest, out, merged=config.model.lora is None)
     tracker = open_tracker(config, run_name, None)
     name = registered_model or config.tracking.registered_model or f"unirl-{run_name}"
