@@ -518,7 +518,10 @@ def _run_pipeline(recipe) -> None:
             remove_listener(show)
 
     typer.echo("")
-    console.stdout.print(Markdown(report(summary)))
+    table, _, rest = report(summary).partition("\n\n")
+    console.stdout.print(Markdown(table))  # the stage table, drawn
+    for line in rest.splitlines():  # where things are: whole paths, never cropped to the terminal's width
+        typer.echo(line.removeprefix("- ").replace("`", ""))
     if recipe.train is None:
         return
     typer.echo("")

@@ -30,4 +30,4 @@ def test_only_the_grid_images_reach_the_controller(tmp_path, monkeypatch):
     train_locally(config, tmp_path)
     assert returned == [0, 3 * 2]  # none at step 0; at the round's last step 3 prompts x 2 of 4 x 4 samples
     grid = Image.open(tmp_path / "samples" / "round_000_step_00000001.png")
-    assert grid.height == 14 + 3 * (32 + 24)  # a title, then 3 captioned rows of 32 px images (the step had 4 prompts)
+    assert grid.height == 3 * (32 + 24) + 14  # 3 captioned rows of 32 px images (the step had 4 prompts), a title

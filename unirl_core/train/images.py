@@ -28,8 +28,9 @@ def captioned_grid(images: list, captions: list[str], cols: int, caption_height:
 
 
 def titled(grid: Image.Image, title: str, title_height: int = 14) -> Image.Image:
-    """`grid` under a one-line title (the step it shows: MLflow's image card names no step)."""
+    """`grid` over a one-line caption (the step it shows: MLflow's image card names no step). The caption goes
+    below: the card shows an image's top when it is too tall for it, and that should be the pictures."""
     out = Image.new("RGB", (grid.width, grid.height + title_height), "white")
-    ImageDraw.Draw(out).text((2, 1), title, fill="black", font=ImageFont.load_default())
-    out.paste(grid, (0, title_height))
+    out.paste(grid, (0, 0))
+    ImageDraw.Draw(out).text((2, grid.height + 1), title, fill="black", font=ImageFont.load_default())
     return out
