@@ -173,7 +173,6 @@ class CommandProgress:
         )
         self.current: Any = None
         self.stage = ""
-        self.first_step: int | None = None
 
     def __enter__(self) -> CommandProgress:
         from tasks import progress
@@ -224,9 +223,6 @@ class CommandProgress:
             self._train_step(amount)
 
     def _train_step(self, row: dict) -> None:
-        if self.first_step is None:  # a resumed training starts past 0
-            self.first_step = row["step"]
-            self.bar.update(self.current, completed=row["step"])
         if row["stage"] == "warmup":
             info = f"warm-up loss {row['warmup_loss']:.4f}"
         else:
