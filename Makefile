@@ -33,8 +33,11 @@ format: install
 	$(BIN)/ruff check --fix .
 	$(BIN)/ruff format .
 
+# Two pytest workers (pytest-xdist), one test file per worker at a time: the tiny models' training runs on one thread,
+# so a second worker nearly doubles the CPU work done while the other waits on a server, a subprocess or Ray.
+TEST_WORKERS ?= 2
 test: lint
-	$(BIN)/python -m pytest
+	$(BIN)/python -m pytest -n $(TEST_WORKERS) --dist loadfile
 
 # The whole pipeline on this machine's CPU: synthetic data -> ingest -> precache -> warm-up -> RL rounds.
 demo: install

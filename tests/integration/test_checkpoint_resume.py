@@ -4,6 +4,7 @@ process: the `--local` transport)."""
 from __future__ import annotations
 
 import json
+import os
 
 import pytest
 import torch
@@ -43,7 +44,7 @@ def logged_steps(output_dir) -> tuple[list[int], dict[str, list[int]]]:
     from mlflow.tracking import MlflowClient
 
     rows = [json.loads(line) for line in (output_dir / "metrics.jsonl").read_text().splitlines()]
-    client = MlflowClient()
+    client = MlflowClient(os.environ["MLFLOW_TRACKING_URI"])  # not mlflow's process-wide URI an earlier test set
     run_id = json.loads((output_dir / "mlflow_run.json").read_text())["run_id"]
     keys = client.get_run(run_id).data.metrics
     history = {key: [m.step for m in sorted(client.get_metric_history(run_id, key), key=lambda m: m.timestamp)]
