@@ -38,6 +38,7 @@ import tempfile
 import threading
 import time
 from concurrent.futures import ProcessPoolExecutor
+from datetime import datetime
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from socketserver import BaseRequestHandler, ThreadingTCPServer
@@ -213,7 +214,10 @@ def run_unirl(parquet: Path, out: Path, args, env: dict) -> tuple[float, int, di
     )
     seconds, peak, _ = run_measured([UNIRL, "ingest", str(recipe)], env=env)
     stats = [json.loads(p.read_text()) for p in (out / "raw").glob("*_stats.json")]
-    in_flow = sum(s["successes"] for s in stats) / max(s["duration"] for s in stats)
+    # over the units' span, the first unit's start to the last unit's end: units run side by side in the processes
+    started = min(datetime.fromisoformat(s["start_time"]) for s in stats)
+    ended = max(datetime.fromisoformat(s["end_time"]) for s in stats)
+    in_flow = sum(s["successes"] for s in stats) / (ended - started).total_seconds()
     return seconds, peak, {"ok": sum(s["successes"] for s in stats), "rows": sum(s["count"] for s in stats),
                            "unit_rate": in_flow}  # fmt: skip
 

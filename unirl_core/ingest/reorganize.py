@@ -6,6 +6,11 @@ number), and writes `shards/NNNNN.tar` of exactly `tar_chunk_size` samples; the 
 of its tar is still copied (NeMo skips the remainder of the tar, and iterates a set, so its order varies: we do
 neither). `shards/_reorganize.json` is the commit record, written last; a re-run with the same raw shards and
 settings is a no-op, otherwise the stage is rebuilt from scratch (its output is a pure function of its inputs).
+
+A raw shard that would be rewritten as one output shard unchanged (it starts a shard, holds exactly `tar_chunk_size`
+samples and every one has the required extensions) is copied instead: the writer is deterministic, so the copy is
+the same bytes, checked against the raw shard's committed SHA-256. With `rows_per_unit` a multiple of
+`tar_chunk_size` and few skips most shards take this path (20,000 samples: 8.7 s -> see the README).
 """
 
 from __future__ import annotations
@@ -31,7 +36,9 @@ def shards_folder(root: str) -> str:
 
 
 def reorganize(root: str, raw_tars: list[dict], chunk_size: int, extensions: list[str]) -> dict:
-    """Equal-size shards from the raw shards (each {"path", "sha256"}, in unit order). Returns the record."""
+    """Equal-size shards from the raw shards (each {"path", "sha256"}, in unit order; with "nsamples" and
+    "has_extensions", whether each of its samples has every extension, a shard that maps onto one output shard is
+    copied). Returns the record."""
     folder = shards_folder(root)
     inputs = hashlib.sha256(
         json.dumps(
@@ -44,7 +51,7 @@ def reorganize(root: str, raw_tars: list[dict], chunk_size: int, extensions: lis
         if record.get("inputs") == inputs:
             return record
     _clear_outputs(folder)
-    shards, skipped = _write_chunks(folder, _samples(raw_tars, extensions), chunk_size)
+    shards, skipped = _write_chunks(folder, _pieces(raw_tars, extensions, chunk_size), chunk_size)
     record = {
         "version": 1,
         "inputs": inputs,
@@ -58,31 +65,64 @@ def reorganize(root: str, raw_tars: list[dict], chunk_size: int, extensions: lis
     return record
 
 
-def _samples(raw_tars: list[dict], extensions: list[str]) -> Iterator[tuple[str, dict[str, bytes]] | None]:
-    """Samples in key order; None for a sample missing a required extension (counted by the writer)."""
+class WholeShard(dict):
+    """A raw shard (its {"path", "sha256", ...}) that becomes one output shard as it is."""
+
+
+def _pieces(raw_tars: list[dict], extensions: list[str], chunk_size: int) -> Iterator:
+    """In key order: samples, None for a sample missing a required extension (counted by the writer), or a
+    WholeShard when a raw shard maps onto one output shard (the writer copies it when it starts a shard)."""
     for raw in raw_tars:
-        for key, members in iter_samples(raw["path"]):
-            yield (
-                (key, {ext: members[ext] for ext in sorted(members)}) if all(e in members for e in extensions) else None
-            )
-
-
-def _write_chunks(folder: str, samples, chunk_size: int) -> tuple[list[ShardInfo], Counter]:
-    shards, skipped, writer = [], Counter(), None
-    for sample in samples:
-        if sample is None:
-            skipped["missing_extension"] += 1
+        if raw.get("nsamples") == chunk_size and raw.get("has_extensions"):
+            yield WholeShard(raw, extensions=extensions)
             continue
-        if writer is None:
-            writer = TarShardWriter(f"{folder}/{len(shards):05d}.tar")
-        writer.write(*sample)
-        if writer.nsamples == chunk_size:
-            shards.append(writer.commit())
-            writer = None
+        yield from _samples(raw["path"], extensions)
+
+
+def _samples(path: str, extensions: list[str]) -> Iterator[tuple[str, dict[str, bytes]] | None]:
+    for key, members in iter_samples(path):
+        yield (key, {ext: members[ext] for ext in sorted(members)}) if all(e in members for e in extensions) else None
+
+
+def _write_chunks(folder: str, pieces, chunk_size: int) -> tuple[list[ShardInfo], Counter]:
+    shards, skipped, writer = [], Counter(), None
+    for piece in pieces:
+        if isinstance(piece, WholeShard):
+            if writer is None:
+                shards.append(_copy_shard(piece, f"{folder}/{len(shards):05d}.tar", chunk_size))
+                continue
+            samples = _samples(piece["path"], piece["extensions"])  # not at a shard's start: rewritten
+        else:
+            samples = [piece]
+        for sample in samples:
+            if sample is None:
+                skipped["missing_extension"] += 1
+                continue
+            if writer is None:
+                writer = TarShardWriter(f"{folder}/{len(shards):05d}.tar")
+            writer.write(*sample)
+            if writer.nsamples == chunk_size:
+                shards.append(writer.commit())
+                writer = None
     if writer is not None:
         storage.write_bytes_atomic(f"{folder}/{len(shards):05d}.tar{INCOMPLETE}", b"")  # marker before the tar
         shards.append(writer.commit())
     return shards, skipped
+
+
+def _copy_shard(raw: dict, target: str, nsamples: int) -> ShardInfo:
+    """`raw` copied to `target` (atomically), described as the writer would; refused if its bytes are not the ones
+    committed for it."""
+    sha256, md5, size = hashlib.sha256(), hashlib.md5(usedforsecurity=False), 0
+    with storage.atomic_local_file(target) as tmp, fsspec.open(raw["path"], "rb") as src, open(tmp, "wb") as dst:
+        for block in iter(lambda: src.read(8 << 20), b""):
+            dst.write(block)
+            sha256.update(block)
+            md5.update(block)
+            size += len(block)
+        if sha256.hexdigest() != raw["sha256"]:
+            raise ValueError(f"{raw['path']}: SHA-256 {sha256.hexdigest()} is not the committed {raw['sha256']}")
+    return ShardInfo(storage.basename(target), nsamples, size, sha256.hexdigest(), md5.hexdigest())
 
 
 def _clear_outputs(folder: str) -> None:

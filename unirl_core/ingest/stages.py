@@ -60,10 +60,12 @@ def stage_reorganize_tar(config: IngestConfig, units: list[WorkUnit]) -> dict:
     root = config.dataset_output_root
     stats = committed_units(config, units)
     judge_dataset(root, stats, config.download_images)
+    written = {config.download_images.encode_format, "txt", "json"}  # every sample's members (download.py)
     raw_tars = [
-        {"path": raw_paths(root, unit)["tar"], "sha256": s["tar"]["sha256"]}
+        {"path": raw_paths(root, unit)["tar"], "sha256": s["tar"]["sha256"], "nsamples": s["tar"]["nsamples"],
+         "has_extensions": set(config.file_ext_in_tar) <= written}
         for unit, s in zip(units, stats, strict=True)
-    ]
+    ]  # fmt: skip
     return reorganize(root, raw_tars, config.reorganize_tar.tar_chunk_size, config.file_ext_in_tar)
 
 

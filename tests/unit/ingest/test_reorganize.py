@@ -1,0 +1,45 @@
+"""reorganize_tar copies a raw shard that maps onto one output shard unchanged (it starts a shard, holds exactly
+tar_chunk_size samples, each with every required extension) and streams the rest: the shards and the record are the
+same bytes either way, and a copied shard whose bytes are not the committed ones is refused."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from unirl_core.ingest.reorganize import reorganize
+from unirl_core.io.tars import TarShardWriter
+
+
+def raw_shard(path, unit: int, count: int) -> dict:
+    with TarShardWriter(str(path)) as writer:
+        for row in range(count):
+            writer.write(f"{unit:05d}{row:04d}", {"jpg": bytes([unit, row]) * 50, "txt": b"a cat", "json": b"{}"})
+        info = writer.commit()
+    return {"path": str(path), "sha256": info.sha256, "nsamples": info.nsamples, "has_extensions": True}
+
+
+def outputs(root) -> dict[str, bytes]:
+    return {p.name: p.read_bytes() for p in sorted((root / "shards").iterdir())}
+
+
+def test_whole_raw_shards_are_copied_to_the_same_bytes_as_streaming_them(tmp_path):
+    # units of 4, 4, 3, 4 samples at tar_chunk_size 4: the first two start a shard (copied), the third leaves 3
+    # samples pending, so the fourth, though whole, is streamed: 1 sample completes shard 2, 3 go to the tail
+    raws = [raw_shard(tmp_path / f"raw/{u:05d}.tar", u, n) for u, n in enumerate([4, 4, 3, 4])]
+    streamed = [{"path": r["path"], "sha256": r["sha256"]} for r in raws]  # no counts: every sample streamed
+    fast = reorganize(str(tmp_path / "fast"), raws, 4, ["jpg", "txt"])
+    slow = reorganize(str(tmp_path / "slow"), streamed, 4, ["jpg", "txt"])
+    assert fast == slow and [s["nsamples"] for s in fast["shards"]] == [4, 4, 4, 3]
+    assert outputs(tmp_path / "fast") == outputs(tmp_path / "slow")
+    assert (tmp_path / "fast/shards/00000.tar").read_bytes() == (tmp_path / "raw/00000.tar").read_bytes()
+    assert json.loads((tmp_path / "fast/shards/_reorganize.json").read_text())["samples"] == 15
+
+
+def test_a_copied_shard_must_be_the_committed_bytes(tmp_path):
+    raws = [raw_shard(tmp_path / "raw/00000.tar", 0, 4)]
+    raws[0]["sha256"] = "0" * 64  # what the unit's stats committed differs from the file on disk
+    with pytest.raises(ValueError, match=r"raw/00000\.tar: SHA-256 \w{64} is not the committed 0{64}"):
+        reorganize(str(tmp_path / "out"), raws, 4, ["jpg", "txt"])
+    assert not list((tmp_path / "out/shards").glob("*.tar"))  # nothing under a final name
