@@ -10,7 +10,7 @@ settings is a no-op, otherwise the stage is rebuilt from scratch (its output is 
 A raw shard that would be rewritten as one output shard unchanged (it starts a shard, holds exactly `tar_chunk_size`
 samples and every one has the required extensions) is copied instead: the writer is deterministic, so the copy is
 the same bytes, checked against the raw shard's committed SHA-256. With `rows_per_unit` a multiple of
-`tar_chunk_size` and few skips most shards take this path (20,000 samples: 8.7 s -> see the README).
+`tar_chunk_size` and few skips most shards take this path (2,000 samples: 0.55 s instead of 0.73 s).
 """
 
 from __future__ import annotations
