@@ -177,3 +177,30 @@ def test_a_damaged_checkpoint_is_refused_naming_the_file_or_replaced_by_the_prev
     truncated.write_bytes(truncated.read_bytes()[:-10])
     with pytest.raises(CheckpointError, match=r"step_00000003/\.metadata: has \d+ bytes, \d+ were committed"):
         train_locally(train, tmp_path)
+
+
+def test_a_non_finite_loss_stops_the_run_before_its_optimizer_step_naming_the_step_and_samples(tmp_path, mlflow_uri):
+    """RELIABILITY.md's NaN case through the whole stack: a learning rate of 1e30 makes step 0's update overflow the
+    weights, so step 1's loss is NaN. The run stops there, before step 1's optimizer step, naming the step and its
+    samples; nothing of step 1 is logged or committed; `unirl train` says it in one line, exit 2."""
+    from typer.testing import CliRunner
+
+    from flows.cli import app
+    from unirl_core.train.stack import NonFiniteError
+
+    train = config(**{"train.steps": 4, "train.checkpoint_every": 1, "train.algorithm.learning_rate": 1e30})
+    rows: list[dict] = []
+    samples = r"\['prompt:\d+:sample:\d+'(, 'prompt:\d+:sample:\d+')*\]"
+    with pytest.raises(
+        NonFiniteError, match=rf"^step 1: non-finite loss for samples {samples}; optimizer step skipped"
+    ):
+        train_locally(train, tmp_path / "direct", on_step=rows.append)
+    assert [row["step"] for row in rows] == [0]
+    assert [p.name for p in CheckpointManager(tmp_path / "direct" / "checkpoints").committed()] == ["step_00000000"]
+    assert logged_steps(tmp_path / "direct")[0] == [0]
+
+    args = ["train", "demo", "--local", "--steps", "4", "--set", "train.algorithm.learning_rate=1e30",
+            "--set", f"train.output_dir={tmp_path / 'cli'}"]  # fmt: skip
+    stopped = CliRunner().invoke(app, args)
+    assert stopped.exit_code == 2 and "Traceback" not in stopped.output, stopped.output
+    assert [line for line in stopped.stderr.splitlines() if "step 1: non-finite loss" in line], stopped.stderr
