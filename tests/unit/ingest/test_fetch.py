@@ -171,3 +171,69 @@ def test_public_addresses_pass_and_allowed_networks_are_exempt():
 def test_s3_can_be_left_out_of_the_schemes():
     fetcher = Fetcher(FetchPolicy(allowed_schemes=("http", "https")))
     assert reason_of(fetcher, "s3://bucket/key.jpg").reason == "blocked_scheme"
+
+
+@pytest.fixture
+def untrusted_https_server(tmp_path):
+    """A loopback HTTPS server with a self-signed certificate (no CA vouches for it); counts TLS connection tries."""
+    import datetime
+    import ipaddress
+    import ssl
+    import threading
+    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+    from cryptography import x509
+    from cryptography.hazmat.primitives import hashes, serialization
+    from cryptography.hazmat.primitives.asymmetric import ec
+    from cryptography.x509.oid import NameOID
+
+    key = ec.generate_private_key(ec.SECP256R1())
+    name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "127.0.0.1")])
+    now = datetime.datetime.now(datetime.UTC)
+    cert = (
+        x509.CertificateBuilder().subject_name(name).issuer_name(name).public_key(key.public_key())
+        .serial_number(x509.random_serial_number()).not_valid_before(now).not_valid_after(now + datetime.timedelta(1))
+        .add_extension(x509.SubjectAlternativeName([x509.IPAddress(ipaddress.ip_address("127.0.0.1"))]),
+                       critical=False)
+        .sign(key, hashes.SHA256())
+    )  # fmt: skip
+    (tmp_path / "cert.pem").write_bytes(cert.public_bytes(serialization.Encoding.PEM))
+    (tmp_path / "key.pem").write_bytes(
+        key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption())
+    )
+    context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    context.load_cert_chain(tmp_path / "cert.pem", tmp_path / "key.pem")
+
+    class Handler(BaseHTTPRequestHandler):
+        def do_GET(self):
+            self.send_response(200)
+            self.send_header("Content-Length", "1")
+            self.end_headers()
+            self.wfile.write(b"x")
+
+        def log_message(self, *args):
+            pass
+
+    class Server(ThreadingHTTPServer):
+        daemon_threads, tries = True, 0
+
+        def get_request(self):
+            Server.tries += 1
+            return super().get_request()  # the TLS handshake, which the client breaks off
+
+        def handle_error(self, request, client_address):
+            pass
+
+    server = Server(("127.0.0.1", 0), Handler)
+    server.socket = context.wrap_socket(server.socket, server_side=True)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    yield server, f"https://127.0.0.1:{server.server_address[1]}/a.jpg"
+    server.shutdown()
+
+
+def test_a_tls_error_is_a_skip_with_its_text_and_is_not_retried(untrusted_https_server):
+    server, url = untrusted_https_server
+    fetcher = Fetcher(FetchPolicy(allowed_private_networks=LOOPBACK_ONLY, retry_backoff_s=0.01))  # retries: 2
+    error = reason_of(fetcher, url)
+    assert error.reason == "failed_to_download" and "CERTIFICATE_VERIFY_FAILED" in str(error), str(error)
+    assert server.tries == 1  # a certificate no CA vouches for stays so: permanent, never retried
