@@ -123,3 +123,35 @@ def test_training_goes_on_when_the_tracking_server_is_down(tmp_path, monkeypatch
         tracker.log_metrics({"reward_mean": 1.0}, step=0)  # no exception
     assert tracker.failures >= 1
     assert "training continues" in caplog.text
+
+
+def test_a_tracking_server_that_stops_answering_is_left_alone_for_a_while(tmp_path, monkeypatch, caplog):
+    """RELIABILITY.md's slow MLflow server: one that accepts connections and never answers. A reopened run's first
+    call times out; then no step waits on it (no new connection) until the quiet period ends, and the metrics of the
+    steps in between are left out of MLflow, never logged twice."""
+    import json
+    import threading
+
+    from unirl_core.tracking.run_tracker import QUIET_AFTER_OUTAGE_S, RUN_FILE, RunTracker
+
+    server = socket.socket()
+    server.bind(("127.0.0.1", 0))
+    server.listen(16)
+    held: list[socket.socket] = []
+    threading.Thread(target=lambda: [held.append(server.accept()[0]) for _ in iter(int, 1)], daemon=True).start()
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", f"http://127.0.0.1:{server.getsockname()[1]}")
+    monkeypatch.setenv("MLFLOW_HTTP_REQUEST_TIMEOUT", "1")
+    monkeypatch.setenv("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "0")
+    (tmp_path / RUN_FILE).write_text(json.dumps({"run_id": "a" * 32}))  # a resumed run: its id is known
+    tracker = RunTracker(tmp_path, "unirl", "slow")
+    with caplog.at_level(logging.WARNING, logger="unirl.tracking"):
+        assert tracker.open({"a": 1}) == "a" * 32  # update_run timed out
+        tried = len(held)
+        for step in range(5):
+            tracker.log_metrics({"reward_mean": 1.0}, step=step)
+    assert tried >= 1 and len(held) == tried and tracker.skipped == 5
+    assert f"no MLflow calls for the next {QUIET_AFTER_OUTAGE_S:.0f} s" in caplog.text
+    tracker.quiet_until = 0.0  # the quiet period is over: the next step asks the server again
+    tracker.log_metrics({"reward_mean": 1.0}, step=5)
+    assert len(held) > tried and tracker.last_step == {}  # still unknown what MLflow holds: nothing logged
+    server.close()

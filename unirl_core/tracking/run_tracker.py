@@ -19,6 +19,7 @@ import contextlib
 import json
 import logging
 import os
+import time
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -32,6 +33,12 @@ log = logging.getLogger("unirl.tracking")
 # A down server must not stall training for minutes (MLflow's defaults retry 7 times with backoff).
 os.environ.setdefault("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "1")
 os.environ.setdefault("MLFLOW_HTTP_REQUEST_TIMEOUT", "20")
+# ... nor a slow one stall every step: after a call fails slowly or for want of the server, MLflow is left alone for
+# this long (what falls in it is not logged to MLflow; metrics.jsonl keeps every step), then tried again.
+QUIET_AFTER_OUTAGE_S = 60.0
+SLOW_FAILURE_S = 2.0
+UNREACHABLE = ("Max retries exceeded", "timed out", "Timeout", "Connection refused", "Connection reset",
+               "ConnectionError", "Failed to establish")  # fmt: skip
 
 RUN_FILE = "mlflow_run.json"
 MAX_PARAM_LENGTH = 6000
@@ -59,17 +66,32 @@ class RunTracker:
         self.client = None
         self.reopened = False
         self.last_step: dict[str, int] = {}  # a reopened run: the last step MLflow holds per metric
+        self.quiet_until = 0.0  # time.monotonic() before which no call is made (the server was out of reach)
+        self.skipped = 0  # calls left out while quiet
 
     # every call below goes through here; `call`: a client method name, or a function
     def _guard(self, what: str, call, *args, **kwargs):
         if self.client is None or self.run_id is None:
             return None
+        if time.monotonic() < self.quiet_until:
+            self.skipped += 1
+            return None
+        started = time.monotonic()
         try:
             return (getattr(self.client, call) if isinstance(call, str) else call)(*args, **kwargs)
         except Exception as exc:  # tracking must never stop training
-            self.failures += 1
-            log.warning("MLflow: %s not logged (%s); training continues", what, str(exc).splitlines()[0][:200])
+            self._failed(what, exc, time.monotonic() - started)
             return None
+
+    def _failed(self, what: str, exc: Exception, seconds: float) -> None:
+        self.failures += 1
+        message = str(exc).splitlines()[0][:200] if str(exc) else type(exc).__name__
+        if seconds >= SLOW_FAILURE_S or any(sign in str(exc) for sign in UNREACHABLE):
+            self.quiet_until = time.monotonic() + QUIET_AFTER_OUTAGE_S
+            log.warning("MLflow: %s not logged (%s, after %.0f s); no MLflow calls for the next %.0f s (metrics.jsonl "
+                        "keeps every step); training continues", what, message, seconds, QUIET_AFTER_OUTAGE_S)  # fmt: skip
+        else:
+            log.warning("MLflow: %s not logged (%s); training continues", what, message)
 
     def open(
         self,
@@ -84,6 +106,7 @@ class RunTracker:
         from unirl_core.tracking.mlflow_runs import ensure_experiment, tracking_uri
 
         record = self.output_dir / RUN_FILE
+        started = time.monotonic()
         try:
             uri = tracking_uri()
             if uri.startswith("sqlite:"):
@@ -93,8 +116,8 @@ class RunTracker:
             self.client = MlflowClient(uri)
             if record.is_file():
                 self.run_id = json.loads(record.read_text())["run_id"]
+                self.reopened = True  # even when the server does not answer now: its history decides what is logged
                 self.client.update_run(self.run_id, status="RUNNING")
-                self.reopened = True
             else:
                 experiment_id = ensure_experiment(self.experiment, uri)
                 run = self.client.create_run(experiment_id, run_name=self.run_name)
@@ -106,9 +129,12 @@ class RunTracker:
                 if recipe is not None:
                     self._guard("recipe.yaml", "log_text", self.run_id, recipe_yaml(recipe), "recipe.yaml")
         except Exception as exc:
-            self.failures += 1
-            log.warning("MLflow unavailable (%s); training continues without tracking", str(exc).splitlines()[0])
             self.client = self.client if self.run_id else None
+            if self.client is None:
+                self.failures += 1
+                log.warning("MLflow unavailable (%s); training continues without tracking", str(exc).splitlines()[0])
+            else:  # a reopened run: its steps are logged when the server is back
+                self._failed("the reopened run", exc, time.monotonic() - started)
             return self.run_id
         self.set_tags(self._guard("source tags", self.open_tags, description) or self.tags)
         return self.run_id
@@ -141,8 +167,6 @@ class RunTracker:
     def log_metrics(self, metrics: Mapping[str, float], step: int) -> None:
         """One batch call per step (one round trip to a server); in a reopened run, a metric already logged at
         `step` or later is left out."""
-        import time
-
         from mlflow.entities import Metric
 
         now = int(time.time() * 1000)
@@ -152,11 +176,14 @@ class RunTracker:
             self._guard(f"metrics of step {step}", "log_batch", self.run_id, metrics=items)
             self.last_step |= {item.key: step for item in items}
 
-    def _last_logged(self, key: str) -> int:
-        """The last step MLflow holds for `key` (-1: none); asked once per metric, only in a reopened run."""
+    def _last_logged(self, key: str) -> float:
+        """The last step MLflow holds for `key` (-1: none); asked once per metric, only in a reopened run. Unknown
+        (MLflow out of reach): infinity, so the step is left out rather than perhaps logged twice; asked again."""
         if key not in self.last_step:
             history = self._guard(f"history of {key}", "get_metric_history", self.run_id, key) if self.reopened else []
-            self.last_step[key] = max((m.step for m in history or []), default=-1)
+            if history is None:
+                return float("inf")
+            self.last_step[key] = max((m.step for m in history), default=-1)
         return self.last_step[key]
 
     def log_image(self, image, key: str, step: int, file: str | Path | None = None) -> None:
