@@ -69,11 +69,12 @@ class RunTracker:
         self.quiet_until = 0.0  # time.monotonic() before which no call is made (the server was out of reach)
         self.skipped = 0  # calls left out while quiet
 
-    # every call below goes through here; `call`: a client method name, or a function
-    def _guard(self, what: str, call, *args, **kwargs):
+    # every call below goes through here; `call`: a client method name, or a function; `always`: tried even in a
+    # quiet period (one-off calls a user looks for: the registered model, the run's end)
+    def _guard(self, what: str, call, *args, always: bool = False, **kwargs):
         if self.client is None or self.run_id is None:
             return None
-        if time.monotonic() < self.quiet_until:
+        if time.monotonic() < self.quiet_until and not always:
             self.skipped += 1
             return None
         started = time.monotonic()
@@ -247,10 +248,10 @@ class RunTracker:
                 self.client.set_tag(self.run_id, "mlflow.note.content", f"{note}\n\n{result} (alias `{alias}`).")
             return version.version
 
-        return self._guard(f"model {model_name}", _register)
+        return self._guard(f"model {model_name}", _register, always=True)
 
     def finish(self, status: str = "FINISHED") -> None:
-        self._guard("run status", "set_terminated", self.run_id, status)
+        self._guard("run status", "set_terminated", self.run_id, status, always=True)
 
     def url(self) -> str | None:
         return run_url(self.run_id, lambda: self._guard("run lookup", "get_run", self.run_id))
