@@ -18,6 +18,7 @@ from tasks.progress import report
 from unirl_core.config.ingest import IngestConfig
 from unirl_core.ingest.download import committed_stats
 from unirl_core.ingest.stages import committed_units, summarize
+from unirl_core.ingest.workers import unit_processes
 from unirl_core.summaries import IngestSummary
 
 
@@ -37,7 +38,8 @@ def ingest(config: IngestConfig) -> IngestSummary:
 
 
 def download_images(config: IngestConfig, units: list) -> list[dict]:
-    """One task per work unit, at most `download_num_processes` running; a progress artifact follows them."""
+    """One task per work unit, at most `download_num_processes` running, each in one of as many worker processes
+    (their own interpreter locks: unirl_core/ingest/workers.py); a progress artifact follows them."""
     report("total_rows", sum(u.stop - u.start for u in units))
     progress = create_progress_artifact(progress=0.0, key="ingest-progress", description="ingest: work units committed")
     limit, futures, running = config.download_images.download_num_processes, [], []
@@ -47,14 +49,15 @@ def download_images(config: IngestConfig, units: list) -> list[dict]:
         finished = len(futures) - len(running)
         update_progress_artifact(progress, progress=100.0 * finished / len(units))
 
-    for unit in units:
-        if len(running) >= limit:
+    with unit_processes(limit):
+        for unit in units:
+            if len(running) >= limit:
+                wait_for_one()
+            future = ingest_tasks.download_unit.submit(config, unit)
+            futures.append(future)
+            running.append(future)
+        while running:
             wait_for_one()
-        future = ingest_tasks.download_unit.submit(config, unit)
-        futures.append(future)
-        running.append(future)
-    while running:
-        wait_for_one()
     return [future.result() for future in futures]
 
 

@@ -8,7 +8,7 @@ from tasks.progress import report
 from tasks.retries import retry_unless
 from unirl_core.config.ingest import IngestConfig
 from unirl_core.errors import UserError
-from unirl_core.ingest import stages
+from unirl_core.ingest import stages, workers
 from unirl_core.ingest.plan import WorkUnit
 
 is_transient = retry_unless(UserError)  # bad input (IngestInputError, ErrorBudgetExceeded) fails at once
@@ -27,7 +27,8 @@ def plan_units(config: IngestConfig) -> list[WorkUnit]:
     retry_condition_fn=is_transient,
 )
 def download_unit(config: IngestConfig, unit: WorkUnit) -> dict:
-    return stages.download_unit(config.dataset_output_root, unit, config, on_row=lambda n: report("rows", n))
+    """In the flow's worker processes (`workers.unit_processes`), else in this process."""
+    return workers.run_unit(config.dataset_output_root, unit, config, on_row=lambda n: report("rows", n))
 
 
 @task(name="reorganize_tar", retries=2, retry_delay_seconds=[5, 30], retry_condition_fn=is_transient)

@@ -346,5 +346,11 @@ def _stats(unit, stage, records, reasons, shard, started) -> dict:
         "skip_reasons": dict(sorted(reasons.items())),
         "unit": {"file": unit.file, "start": unit.start, "stop": unit.stop},
         "settings": output_fingerprint(stage),
-        "tar": {"name": shard.name, "nsamples": shard.nsamples, "filesize": shard.filesize, "sha256": shard.sha256},
+        "tar": {
+            "name": shard.name,
+            "nsamples": shard.nsamples,
+            "filesize": shard.filesize,
+            "sha256": shard.sha256,
+            "md5": shard.md5,
+        },
     }

@@ -62,7 +62,8 @@ def stage_reorganize_tar(config: IngestConfig, units: list[WorkUnit]) -> dict:
     judge_dataset(root, stats, config.download_images)
     written = {config.download_images.encode_format, "txt", "json"}  # every sample's members (download.py)
     raw_tars = [
-        {"path": raw_paths(root, unit)["tar"], "sha256": s["tar"]["sha256"], "nsamples": s["tar"]["nsamples"],
+        {"path": raw_paths(root, unit)["tar"], "sha256": s["tar"]["sha256"], "md5": s["tar"].get("md5"),
+         "nsamples": s["tar"]["nsamples"],
          "has_extensions": set(config.file_ext_in_tar) <= written}
         for unit, s in zip(units, stats, strict=True)
     ]  # fmt: skip

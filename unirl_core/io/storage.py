@@ -40,6 +40,9 @@ class StorageError(UserError, OSError):
     def __str__(self) -> str:
         return f"{self.filename}: {self.what}: {self.strerror}"
 
+    def __reduce__(self):  # OSError's would call __init__ with (errno, strerror, filename): from a worker process
+        return type(self), (self.errno, self.filename, self.what)
+
 
 def is_permanent(exc: BaseException) -> bool:
     """An OSError a retry cannot fix (PERMANENT_ERRNOS)."""

@@ -1,6 +1,7 @@
 """reorganize_tar copies a raw shard that maps onto one output shard unchanged (it starts a shard, holds exactly
-tar_chunk_size samples, each with every required extension) and streams the rest: the shards and the record are the
-same bytes either way, and a copied shard whose bytes are not the committed ones is refused."""
+tar_chunk_size samples, each with every required extension; a hard link on a local disk) and streams the rest: the
+shards and the record are the same bytes either way, and a copied shard whose bytes are not the committed ones is
+refused."""
 
 from __future__ import annotations
 
@@ -34,7 +35,25 @@ def test_whole_raw_shards_are_copied_to_the_same_bytes_as_streaming_them(tmp_pat
     assert fast == slow and [s["nsamples"] for s in fast["shards"]] == [4, 4, 4, 3]
     assert outputs(tmp_path / "fast") == outputs(tmp_path / "slow")
     assert (tmp_path / "fast/shards/00000.tar").read_bytes() == (tmp_path / "raw/00000.tar").read_bytes()
+    assert (tmp_path / "fast/shards/00000.tar").stat().st_ino == (tmp_path / "raw/00000.tar").stat().st_ino  # a link
     assert json.loads((tmp_path / "fast/shards/_reorganize.json").read_text())["samples"] == 15
+
+
+def test_where_no_hard_link_can_be_made_the_shard_is_copied_with_the_committed_md5(tmp_path, monkeypatch):
+    import errno
+    import os
+
+    def cross_device(source, target):
+        raise OSError(errno.EXDEV, "Invalid cross-device link")
+
+    raws = [raw_shard(tmp_path / f"raw/{u:05d}.tar", u, 4) for u in range(2)]
+    linked = reorganize(str(tmp_path / "linked"), raws, 4, ["jpg", "txt"])
+    monkeypatch.setattr(os, "link", cross_device)  # another file system (or one without links)
+    raws[1]["md5"] = linked["shards"][1]["md5"]  # from the unit's stats: taken, not recomputed (the SHA-256 is)
+    copied = reorganize(str(tmp_path / "copied"), raws, 4, ["jpg", "txt"])
+    assert copied == linked and outputs(tmp_path / "copied") == outputs(tmp_path / "linked")
+    assert (tmp_path / "copied/shards/00000.tar").stat().st_ino != (tmp_path / "raw/00000.tar").stat().st_ino
+    assert not [p.name for p in (tmp_path / "copied/shards").iterdir() if p.name.startswith(".")]  # no temporaries
 
 
 def test_a_copied_shard_must_be_the_committed_bytes(tmp_path):

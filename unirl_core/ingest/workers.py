@@ -1,0 +1,215 @@
+"""Work units in worker processes: `download_num_processes` processes (img2dataset's `processes_count`), each running
+whole units with its own `download_num_threads` fetch threads.
+
+A process has its own interpreter lock, so the Python half of every row (urllib3, the reorder buffer, tar, JSON and
+parquet writing) runs on every core at once instead of taking turns in one process (README, Speed: 1.6 -> 1.95 of
+2 cores busy). Outside `unit_processes`, `run_unit` runs the unit in the calling process, as before.
+
+- The workers fork from multiprocessing's forkserver, which imports the ingest modules once, so a pool starts in
+  milliseconds. The forkserver keeps the environment and working directory of its own start: each pool hands its
+  workers the caller's current ones (credentials set later, a changed directory).
+- A worker ends when the process that opened its pool does (killed included: it watches that process), and the
+  forkserver and multiprocessing's resource tracker end once no worker holds them, so nothing outlives a killed
+  flow.
+- A worker that dies (a decoder crash, the OOM killer) fails only the units it was running, with WorkerDied: a
+  transient error (the task's retry reruns the unit in a fresh pool). Other exceptions arrive as they were raised.
+- Progress: the worker sends its rows to the caller's `on_row` over a queue, at most every 0.1 s, and all of them
+  before `run_unit` returns.
+"""
+
+from __future__ import annotations
+
+import itertools
+import multiprocessing
+import os
+import select
+import threading
+import time
+from collections.abc import Callable, Iterator
+from concurrent.futures import ProcessPoolExecutor
+from concurrent.futures.process import BrokenProcessPool
+from contextlib import contextmanager
+from contextvars import ContextVar
+
+from unirl_core.config.ingest import IngestConfig
+from unirl_core.ingest.download import download_unit
+from unirl_core.ingest.plan import WorkUnit
+
+PRELOAD = ["unirl_core.ingest.download"]  # imported once in the forkserver: every worker starts with it
+PROGRESS_EVERY_S = 0.1
+_context = (
+    multiprocessing.get_context("forkserver") if "forkserver" in multiprocessing.get_all_start_methods() else None
+)
+_current: ContextVar[UnitProcesses | None] = ContextVar("unirl_unit_processes", default=None)
+
+
+class WorkerDied(RuntimeError):
+    """A worker process ended while running a unit (killed, out of memory, a crash in native code). Transient: the
+    unit's committed output is untouched and a retry reruns it."""
+
+
+def prestart() -> None:
+    """Start the forkserver now (it imports the ingest modules in the background while the caller goes on)."""
+    if _context is not None:
+        _set_preload()
+        from multiprocessing import forkserver
+
+        forkserver.ensure_running()
+
+
+def _set_preload() -> None:
+    from multiprocessing import forkserver
+
+    if getattr(forkserver._forkserver, "_forkserver_pid", None) is None:  # not started yet: the list still counts
+        _context.set_forkserver_preload(PRELOAD)
+
+
+class UnitProcesses:
+    """`processes` worker processes running units; `run_unit` from any number of threads."""
+
+    def __init__(self, processes: int):
+        self.processes = processes
+        _set_preload()
+        self._progress = _context.SimpleQueue()
+        self._listeners: dict[int, tuple[Callable[[int], None] | None, threading.Event]] = {}
+        self._tokens = itertools.count()
+        self._lock = threading.Lock()
+        self._pool = self._new_pool()
+        self._forwarder = threading.Thread(target=self._forward, name="unit-progress", daemon=True)
+        self._forwarder.start()
+
+    def _new_pool(self) -> ProcessPoolExecutor:
+        return ProcessPoolExecutor(
+            self.processes,
+            mp_context=_context,
+            initializer=_start_worker,
+            initargs=(os.getpid(), dict(os.environ), os.getcwd(), self._progress),
+        )
+
+    def run_unit(self, root: str, unit: WorkUnit, config: IngestConfig, on_row: Callable[[int], None] | None) -> dict:
+        token, finished = next(self._tokens), threading.Event()
+        self._listeners[token] = (on_row, finished)
+        with self._lock:
+            pool = self._pool
+        try:
+            stats = pool.submit(_run_unit, root, unit, config, token).result()
+            finished.wait(timeout=10)  # its last rows are reported before the caller moves on
+            return stats
+        except BrokenProcessPool:
+            with self._lock:
+                if self._pool is pool:  # the first thread to see it replaces the pool; the others just retry
+                    pool.shutdown(wait=False, cancel_futures=True)
+                    self._pool = self._new_pool()
+            raise WorkerDied(
+                f"a worker process ended while it ran unit {unit.name} ({unit.file} rows {unit.start}-{unit.stop}): "
+                "killed or out of memory? The unit is retried; lower download_num_threads if memory is short"
+            ) from None
+        finally:
+            self._listeners.pop(token, None)
+
+    def _forward(self) -> None:
+        while (message := self._progress.get()) is not None:
+            token, rows = message
+            on_row, finished = self._listeners.get(token, (None, None))
+            if rows is None:
+                if finished is not None:
+                    finished.set()
+            elif on_row is not None:
+                on_row(rows)
+
+    def close(self) -> None:
+        with self._lock:
+            self._pool.shutdown(wait=True, cancel_futures=True)
+        self._progress.put(None)
+        self._forwarder.join(timeout=10)
+        self._progress.close()
+
+
+@contextmanager
+def unit_processes(processes: int) -> Iterator[UnitProcesses | None]:
+    """Inside the block, `run_unit` (from this thread and the threads it starts with a copy of its context, as
+    Prefect's task runner does) runs units in `processes` worker processes. Without a forkserver (Windows) units
+    stay in this process."""
+    if _context is None:
+        yield None
+        return
+    pool = UnitProcesses(processes)
+    token = _current.set(pool)
+    try:
+        yield pool
+    finally:
+        _current.reset(token)
+        pool.close()
+
+
+def run_unit(root: str, unit: WorkUnit, config: IngestConfig, on_row: Callable[[int], None] | None = None) -> dict:
+    """`download_unit` in the current `unit_processes` pool, or in this process outside one."""
+    pool = _current.get()
+    if pool is None:
+        return download_unit(root, unit, config, on_row=on_row)
+    return pool.run_unit(root, unit, config, on_row)
+
+
+# --- in the worker process ---
+
+_queue = None
+
+
+def _start_worker(caller: int, environ: dict, cwd: str, progress) -> None:
+    global _queue
+    threading.Thread(target=_exit_with, args=(caller,), name="watch-caller", daemon=True).start()
+    os.environ.clear()
+    os.environ.update(environ)
+    os.chdir(cwd)
+    _queue = progress
+
+
+def _exit_with(caller: int) -> None:
+    """End this worker when the caller ends (killed included): an idle worker would wait on its task queue forever,
+    and the forkserver stays while any worker does."""
+    try:
+        handle = os.pidfd_open(caller)
+    except (AttributeError, OSError):  # not Linux >= 5.3: look every half second
+        while _alive(caller):
+            time.sleep(0.5)
+    else:
+        select.select([handle], [], [])  # readable once the caller has exited
+    os._exit(1)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    return True
+
+
+def _run_unit(root: str, unit: WorkUnit, config: IngestConfig, token: int) -> dict:
+    sender = _ProgressSender(_queue, token)
+    try:
+        return download_unit(root, unit, config, on_row=sender)
+    finally:
+        sender.close()
+
+
+class _ProgressSender:
+    """Rows done, sent to the caller at most every PROGRESS_EVERY_S (the first row at once, so a rate shows even
+    for a unit done in one interval); `close` sends the rest and the end mark."""
+
+    def __init__(self, queue, token: int):
+        self.queue, self.token, self.pending, self.sent_at = queue, token, 0, float("-inf")
+
+    def __call__(self, rows: int) -> None:
+        self.pending += rows
+        if time.monotonic() - self.sent_at >= PROGRESS_EVERY_S:
+            self._send()
+
+    def _send(self) -> None:
+        if self.pending:
+            self.queue.put((self.token, self.pending))
+        self.pending, self.sent_at = 0, time.monotonic()
+
+    def close(self) -> None:
+        self._send()
+        self.queue.put((self.token, None))
