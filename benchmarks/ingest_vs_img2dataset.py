@@ -152,17 +152,10 @@ def write_input(path: Path, base: str, count: int, copies: int = 1, dead_base: s
 def run_measured(command: list[str], env: dict | None = None) -> tuple[float, int, str]:
     """Wall seconds, peak RSS in MB of the process (and the children it waited for), and its stdout."""
     with tempfile.TemporaryFile("w+") as out, tempfile.TemporaryFile("w+") as err:
-        import resource
-
-        me = resource.getrusage(resource.RUSAGE_SELF)
         start = time.perf_counter()
         process = subprocess.Popen(command, env=env, stdout=out, stderr=err, text=True)
         _, status, usage = os.wait4(process.pid, 0)
         seconds = time.perf_counter() - start
-        print(
-            f"  [{Path(command[0]).name}: cpu user {usage.ru_utime:.1f} s sys {usage.ru_stime:.1f} s over {seconds:.1f} s wall; server {resource.getrusage(resource.RUSAGE_SELF).ru_utime - me.ru_utime + resource.getrusage(resource.RUSAGE_SELF).ru_stime - me.ru_stime:.1f} s]",
-            flush=True,
-        )
         process.returncode = os.waitstatus_to_exitcode(status)
         out.seek(0)
         err.seek(0)
@@ -227,9 +220,8 @@ def run_unirl(parquet: Path, out: Path, args, env: dict) -> tuple[float, int, di
     started = min(datetime.fromisoformat(s["start_time"]) for s in stats)
     ended = max(datetime.fromisoformat(s["end_time"]) for s in stats)
     in_flow = sum(s["successes"] for s in stats) / (ended - started).total_seconds()
-    print(
-        f"  [unirl: {(started - launched).total_seconds():.2f} s before the first unit, {(ended - started).total_seconds():.2f} s units, {(exited - ended).total_seconds():.2f} s after]"
-    )
+    split = [(started - launched).total_seconds(), (ended - started).total_seconds(), (exited - ended).total_seconds()]
+    print("  unirl: {:.2f} s to the first unit's start, {:.2f} s of units, {:.2f} s after the last".format(*split))
     return seconds, peak, {"ok": sum(s["successes"] for s in stats), "rows": sum(s["count"] for s in stats),
                            "unit_rate": in_flow}  # fmt: skip
 

@@ -257,6 +257,7 @@ def ingest(
 ) -> None:
     """Run the ingest flow (parquet -> WebDataset shards) with a progress bar, then print the summary."""
     config = _recipe_section(recipe, set_, "ingest")
+    _prestart_ingest_workers(config)
     from flows.ingest import ingest as ingest_flow
 
     with console.CommandProgress():
@@ -509,6 +510,7 @@ def _run_pipeline(recipe) -> None:
         validate(recipe.train, recipe.precache)  # before any Prefect or Ray work
         train_steps = plan_rounds(recipe.train)[-1].end if plan_rounds(recipe.train) else 0
     _quiet_model_libraries()
+    _prestart_ingest_workers(recipe.ingest)
     with console.CommandProgress(train_steps=train_steps) as display:
         show = _step_rows(display, [])
         add_listener(show)
@@ -621,6 +623,15 @@ def _recipe_section(recipe: str, overrides: list[str] | None, section: str):
     if config is None:
         raise _fail(f"error: recipe {recipe} has no `{section}` section")
     return config
+
+
+def _prestart_ingest_workers(config) -> None:
+    """Start the ingest workers' forkserver now, when the ingest will download: it imports the ingest modules
+    while this process imports Prefect (~0.5 s sooner to the first image)."""
+    if config is not None and config.download_images.enable:
+        from unirl_core.ingest.workers import prestart
+
+        prestart()
 
 
 def _print_summary(summary: IngestSummary) -> None:
