@@ -38,8 +38,9 @@ def ingest(config: IngestConfig) -> IngestSummary:
 
 
 def download_images(config: IngestConfig, units: list) -> list[dict]:
-    """One task per work unit, at most `download_num_processes` running, each in one of as many worker processes
-    (their own interpreter locks: unirl_core/ingest/workers.py); a progress artifact follows them."""
+    """One task per work unit in worker processes (their own interpreter locks: unirl_core/ingest/workers.py):
+    `download_num_processes` units take rows at a time, and as many more may finish their last rows; a progress
+    artifact follows them."""
     report("total_rows", sum(u.stop - u.start for u in units))
     progress = create_progress_artifact(progress=0.0, key="ingest-progress", description="ingest: work units committed")
     limit, futures, running = config.download_images.download_num_processes, [], []
@@ -49,7 +50,8 @@ def download_images(config: IngestConfig, units: list) -> list[dict]:
         finished = len(futures) - len(running)
         update_progress_artifact(progress, progress=100.0 * finished / len(units))
 
-    with unit_processes(limit):
+    with unit_processes(limit) as pool:
+        limit = pool.max_units if pool is not None else limit  # the pool gives units their turns
         for unit in units:
             if len(running) >= limit:
                 wait_for_one()

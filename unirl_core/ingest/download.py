@@ -96,8 +96,16 @@ def committed_stats(root: str, unit: WorkUnit, config: IngestConfig) -> dict | N
     return stats
 
 
-def download_unit(root: str, unit: WorkUnit, config: IngestConfig, on_row: Callable[[int], None] | None = None) -> dict:
-    """Process one unit into its raw shard (or return its committed stats). Raises budget.ErrorBudgetExceeded."""
+def download_unit(
+    root: str,
+    unit: WorkUnit,
+    config: IngestConfig,
+    on_row: Callable[[int], None] | None = None,
+    on_input_done: Callable[[], None] | None = None,
+) -> dict:
+    """Process one unit into its raw shard (or return its committed stats). Raises budget.ErrorBudgetExceeded.
+    `on_row(n)`: n more rows done; `on_input_done()`: every row has started, only the last ones are still running
+    (a slow or dead host among them can take up to its timeout: workers.py starts the next unit then)."""
     done = committed_stats(root, unit, config)
     if done is not None:
         if on_row:
@@ -110,7 +118,8 @@ def download_unit(root: str, unit: WorkUnit, config: IngestConfig, on_row: Calla
     with TarShardWriter(paths["tar"]) as writer, ThreadPoolExecutor(stage.download_num_threads) as pool:
         worker = _RowWorker(unit, stage)
         running, ahead = RUNNING_PER_THREAD * stage.download_num_threads, AHEAD_PER_THREAD * stage.download_num_threads
-        for result in ordered_map(pool, worker, _iter_rows(unit, stage), running, ahead):
+        rows = ordered_map(pool, worker, _iter_rows(unit, stage), running, ahead, on_exhausted=on_input_done)
+        for result in rows:
             records.append(result.row)
             if result.members is None:
                 reasons[result.row["skip_reason"]] += 1
@@ -127,14 +136,22 @@ def download_unit(root: str, unit: WorkUnit, config: IngestConfig, on_row: Calla
     return stats
 
 
-def ordered_map(pool: ThreadPoolExecutor, fn: Callable, items: Iterable, max_running: int, max_ahead: int) -> Iterator:
+def ordered_map(
+    pool: ThreadPoolExecutor,
+    fn: Callable,
+    items: Iterable,
+    max_running: int,
+    max_ahead: int,
+    on_exhausted: Callable[[], None] | None = None,
+) -> Iterator:
     """`pool.map` in input order, computed in completion order (a slow item holds up only itself).
 
     At most `max_running` items are queued or running. A finished item waits in a reorder buffer until every earlier
     item is yielded; the newest submitted item is at most `max_ahead` positions past the oldest unyielded one, so the
     buffer holds fewer than `max_ahead` results: when the oldest item is slow, later ones finish and wait until the
     span reaches `max_ahead`, then submission pauses until the oldest finishes. Memory stays bounded on long inputs.
-    An item's exception is raised in its turn, as `pool.map` does.
+    An item's exception is raised in its turn, as `pool.map` does. `on_exhausted()` is called once, when the last
+    item has been submitted.
     """
     assert 0 < max_running <= max_ahead
     items = iter(items)
@@ -145,6 +162,9 @@ def ordered_map(pool: ThreadPoolExecutor, fn: Callable, items: Iterable, max_run
         while len(running) < max_running and submitted - yielded < max_ahead:
             item = next(items, _END)
             if item is _END:
+                if on_exhausted is not None:
+                    on_exhausted()
+                    on_exhausted = None
                 break
             running[pool.submit(fn, item)] = submitted
             submitted += 1

@@ -15,6 +15,9 @@ parquet writing) runs on every core at once instead of taking turns in one proce
   transient error (the task's retry reruns the unit in a fresh pool). Other exceptions arrive as they were raised.
 - Progress: the worker sends its rows to the caller's `on_row` over a queue, at most every 0.1 s, and all of them
   before `run_unit` returns.
+- Overlap: `processes` units take rows at a time; once every row of a unit has started, the next unit starts in
+  another worker while the last rows finish. Without it each unit ended with its slowest rows alone: on the open
+  internet a dead host's timeout (README, Slow and dead hosts).
 """
 
 from __future__ import annotations
@@ -67,14 +70,19 @@ def _set_preload() -> None:
 
 
 class UnitProcesses:
-    """`processes` worker processes running units; `run_unit` from any number of threads."""
+    """Worker processes running units; `run_unit` from any number of threads. At most `processes` units take rows
+    at a time; a unit whose rows have all started (only its last ones still running: a dead host among them waits
+    out its timeout) gives its turn to the next unit, in another worker process, so that wait costs no throughput.
+    Hence up to `max_units` = 2 x `processes` units are open at once."""
 
     def __init__(self, processes: int):
         self.processes = processes
+        self.max_units = 2 * processes
         _set_preload()
         self._progress = _context.SimpleQueue()
-        self._listeners: dict[int, tuple[Callable[[int], None] | None, threading.Event]] = {}
+        self._listeners: dict[int, tuple[Callable[[int], None] | None, threading.Event, threading.Event]] = {}
         self._tokens = itertools.count()
+        self._turns = threading.Semaphore(processes)
         self._lock = threading.Lock()
         self._pool = self._new_pool()
         self._forwarder = threading.Thread(target=self._forward, name="unit-progress", daemon=True)
@@ -82,19 +90,26 @@ class UnitProcesses:
 
     def _new_pool(self) -> ProcessPoolExecutor:
         return ProcessPoolExecutor(
-            self.processes,
+            self.max_units,
             mp_context=_context,
             initializer=_start_worker,
             initargs=(os.getpid(), dict(os.environ), os.getcwd(), self._progress),
         )
 
     def run_unit(self, root: str, unit: WorkUnit, config: IngestConfig, on_row: Callable[[int], None] | None) -> dict:
-        token, finished = next(self._tokens), threading.Event()
-        self._listeners[token] = (on_row, finished)
-        with self._lock:
-            pool = self._pool
+        token, input_done, finished = next(self._tokens), threading.Event(), threading.Event()
+        self._listeners[token] = (on_row, input_done, finished)
+        self._turns.acquire()
+        has_turn = True
         try:
-            stats = pool.submit(_run_unit, root, unit, config, token).result()
+            with self._lock:
+                pool = self._pool
+            future = pool.submit(_run_unit, root, unit, config, token)
+            future.add_done_callback(lambda _: input_done.set())  # ended early: committed before, or an error
+            input_done.wait()
+            self._turns.release()
+            has_turn = False
+            stats = future.result()
             finished.wait(timeout=10)  # its last rows are reported before the caller moves on
             return stats
         except BrokenProcessPool:
@@ -107,17 +122,20 @@ class UnitProcesses:
                 "killed or out of memory? The unit is retried; lower download_num_threads if memory is short"
             ) from None
         finally:
+            if has_turn:
+                self._turns.release()
             self._listeners.pop(token, None)
 
     def _forward(self) -> None:
         while (message := self._progress.get()) is not None:
-            token, rows = message
-            on_row, finished = self._listeners.get(token, (None, None))
-            if rows is None:
-                if finished is not None:
-                    finished.set()
-            elif on_row is not None:
+            kind, token, rows = message
+            on_row, input_done, finished = self._listeners.get(token, (None, None, None))
+            if kind == "rows" and on_row is not None:
                 on_row(rows)
+            elif kind == "input_done" and input_done is not None:
+                input_done.set()
+            elif kind == "end" and finished is not None:
+                finished.set()
 
     def close(self) -> None:
         with self._lock:
@@ -190,7 +208,7 @@ def _alive(pid: int) -> bool:
 def _run_unit(root: str, unit: WorkUnit, config: IngestConfig, token: int) -> dict:
     sender = _ProgressSender(_queue, token)
     try:
-        return download_unit(root, unit, config, on_row=sender)
+        return download_unit(root, unit, config, on_row=sender, on_input_done=sender.input_done)
     finally:
         sender.close()
 
@@ -209,9 +227,12 @@ class _ProgressSender:
 
     def _send(self) -> None:
         if self.pending:
-            self.queue.put((self.token, self.pending))
+            self.queue.put(("rows", self.token, self.pending))
         self.pending, self.sent_at = 0, time.monotonic()
+
+    def input_done(self) -> None:
+        self.queue.put(("input_done", self.token, None))
 
     def close(self) -> None:
         self._send()
-        self.queue.put((self.token, None))
+        self.queue.put(("end", self.token, None))

@@ -165,3 +165,34 @@ def test_worker_processes_die_with_a_killed_caller(tmp_path, image_server):
     alive = [" ".join(p.cmdline()) for p in started if p.is_running() and p.status() != psutil.STATUS_ZOMBIE]
     assert not alive, alive
     assert os.path.exists(tmp_path / "ds" / "raw") and not (tmp_path / "ds" / "raw" / "00000_stats.json").exists()
+
+
+def test_the_next_unit_starts_while_a_unit_waits_for_its_last_slow_row(tmp_path, image_server):
+    """One process's turn: unit 0 ends with a row that takes 2 s (a slow host); unit 1 starts as soon as every row of
+    unit 0 has started, not when its slow row has finished, and never while unit 0 still takes rows."""
+    from datetime import datetime
+
+    rows = [{"url": None, "img": cases.jpeg(32 + i, 24), "caption": f"fast {i}"} for i in range(8)]
+    rows.append({"url": image_server.add("/workers/last-slow.jpg", Route(cases.jpeg(32, 24), delay_s=2.0)),
+                 "img": None, "caption": "slow"})  # fmt: skip
+    config, _ = a_unit(tmp_path, rows + rows, str(tmp_path / "ds"), download_num_threads=2)
+    path = str(tmp_path / "in.parquet")
+    units = [WorkUnit(0, path, 0, 9), WorkUnit(1, path, 9, 18)]
+    results = {}
+    with unit_processes(1) as pool:
+        assert pool.max_units == 2
+        threads = [
+            threading.Thread(target=lambda u=u: results.setdefault(u.index, pool.run_unit(config.dataset_output_root, u, config, None)))
+            for u in units
+        ]  # fmt: skip
+        for thread in threads:
+            thread.start()
+            time.sleep(0.2)  # unit 0 asks for its turn first
+        for thread in threads:
+            thread.join(60)
+    first, second = (results[i] for i in (0, 1))
+    assert first["successes"] == second["successes"] == 9
+    start = {i: datetime.fromisoformat(results[i]["start_time"]) for i in (0, 1)}
+    end = {i: datetime.fromisoformat(results[i]["end_time"]) for i in (0, 1)}
+    assert start[1] < end[0], "unit 1 waited for unit 0's slow row"
+    assert (start[1] - start[0]).total_seconds() > 0.1  # ... but not for its turn: unit 0 took its rows first
