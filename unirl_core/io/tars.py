@@ -87,14 +87,7 @@ class TarShardWriter:
     def write(self, key: str, members: dict[str, bytes]) -> None:
         """Add one sample: `members` maps extension -> bytes. Keys must be unique, dot-free, ascending, and safe as
         file names. An OS error drops the shard (its temporary is removed); a permanent one is a StorageError."""
-        if "." in key.rpartition("/")[2]:
-            raise ValueError(f"sample key {key!r} contains a dot: WebDataset would split it into key and extension")
-        if self._last_key is not None and key <= self._last_key:
-            raise ValueError(f"sample key {key!r} is not after {self._last_key!r}: duplicate or out of order")
-        for extension in members:
-            reason = unsafe_member_reason(f"{key}.{extension}")
-            if reason:
-                raise ValueError(f"{self.final_path}: {reason}: refused, a file under this name could escape")
+        self._check(key, members)
         with self._aborting_on_error():
             for extension in sorted(members):
                 data = members[extension]
@@ -105,6 +98,34 @@ class TarShardWriter:
                 self._tar.addfile(info, io.BytesIO(data))
         self._last_key = key
         self.nsamples += 1
+
+    def copy_sample(self, block: SampleBlock, source) -> None:
+        """Add one sample as the bytes of `block` in `source` (the open file of a shard this writer's settings wrote:
+        its members' headers and data go in as they are, the same bytes `write` would produce), with `write`'s
+        checks. No member is parsed or re-encoded: a fraction of the cost of `write`."""
+        self._check(block.key, block.extensions)
+        with self._aborting_on_error():
+            source.seek(block.start)
+            remaining = block.end - block.start
+            while remaining:
+                chunk = source.read(min(remaining, 1 << 20))
+                if not chunk:
+                    raise ValueError(f"{source.name}: ends inside sample {block.key!r} (the shard changed?)")
+                self._file.write(chunk)
+                remaining -= len(chunk)
+            self._tar.offset += block.end - block.start  # the end-of-archive padding counts from here
+        self._last_key = block.key
+        self.nsamples += 1
+
+    def _check(self, key: str, extensions) -> None:
+        if "." in key.rpartition("/")[2]:
+            raise ValueError(f"sample key {key!r} contains a dot: WebDataset would split it into key and extension")
+        if self._last_key is not None and key <= self._last_key:
+            raise ValueError(f"sample key {key!r} is not after {self._last_key!r}: duplicate or out of order")
+        for extension in extensions:
+            reason = unsafe_member_reason(f"{key}.{extension}")
+            if reason:
+                raise ValueError(f"{self.final_path}: {reason}: refused, a file under this name could escape")
 
     def commit(self) -> ShardInfo:
         """Make the shard visible under its final name; on any error the temporary is removed."""
@@ -167,6 +188,39 @@ def iter_samples(path: str) -> Iterator[tuple[str, dict[str, bytes]]]:
 
 
 Span = tuple[int, int]  # (offset of a member's data in the tar, its size)
+
+
+@dataclass(frozen=True)
+class SampleBlock:
+    """Where one sample lies in a tar: its members' headers, data and padding as the byte range [start, end)."""
+
+    key: str
+    extensions: tuple[str, ...]
+    start: int
+    end: int
+
+
+def iter_sample_blocks(path: str) -> Iterator[SampleBlock]:
+    """The samples of a local tar as byte ranges, in file order, reading only the headers (data is skipped by
+    seeking). A sample's members must be adjacent regular files: anything else is a ValueError naming it."""
+    with open(path, "rb") as f, tarfile.open(fileobj=f, mode="r:") as tar:
+        key, extensions, start, end = None, [], 0, 0
+        for member in tar:
+            if not member.isfile():
+                raise ValueError(f"{path}: member {member.name!r} is not a regular file")
+            member_key, extension = sample_key(member.name)
+            if member_key != key:
+                if key is not None:
+                    yield SampleBlock(key, tuple(extensions), start, end)
+                key, extensions, start = member_key, [], member.offset
+            elif member.offset != end:
+                raise ValueError(f"{path}: the members of sample {key!r} are not adjacent")
+            if extension in extensions:
+                raise ValueError(f"{path}: sample {key!r} has two '{extension}' members")
+            extensions.append(extension)
+            end = member.offset_data + -(-member.size // tarfile.BLOCKSIZE) * tarfile.BLOCKSIZE
+        if key is not None:
+            yield SampleBlock(key, tuple(extensions), start, end)
 
 
 def iter_samples_with_spans(path: str) -> Iterator[tuple[str, dict[str, bytes], dict[str, Span]]]:

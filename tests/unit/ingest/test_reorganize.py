@@ -10,7 +10,7 @@ import json
 import pytest
 
 from unirl_core.ingest.reorganize import reorganize
-from unirl_core.io.tars import TarShardWriter
+from unirl_core.io.tars import TarShardWriter, iter_samples
 
 
 def raw_shard(path, unit: int, count: int) -> dict:
@@ -37,6 +37,35 @@ def test_whole_raw_shards_are_copied_to_the_same_bytes_as_streaming_them(tmp_pat
     assert (tmp_path / "fast/shards/00000.tar").read_bytes() == (tmp_path / "raw/00000.tar").read_bytes()
     assert (tmp_path / "fast/shards/00000.tar").stat().st_ino == (tmp_path / "raw/00000.tar").stat().st_ino  # a link
     assert json.loads((tmp_path / "fast/shards/_reorganize.json").read_text())["samples"] == 15
+
+
+def test_copied_sample_bytes_equal_rewritten_samples(tmp_path):
+    """The streamed path copies each sample's byte range (headers, data, padding) from the raw shard: the shards
+    must be the bytes that writing the same samples anew gives, skips and the tail shard included."""
+    raws = [raw_shard(tmp_path / f"raw/{u:05d}.tar", u, n) for u, n in enumerate([3, 5, 3])]
+    with TarShardWriter(str(tmp_path / "raw/00003.tar")) as writer:  # one sample lacks its txt: skipped, counted
+        writer.write("000030000", {"jpg": b"x" * 700, "txt": b"odd sizes " * 77, "json": b"{}"})
+        writer.write("000030001", {"jpg": b"y" * 513, "json": b"{}"})
+        writer.write("000030002", {"jpg": b"z" * 511, "txt": b"last", "json": b"{}"})
+        info = writer.commit()
+    raws.append({"path": str(tmp_path / "raw/00003.tar"), "sha256": info.sha256})
+    record = reorganize(str(tmp_path / "out"), [{"path": r["path"], "sha256": r["sha256"]} for r in raws], 4,
+                        ["jpg", "txt"])  # fmt: skip
+    expected, writer, names = {}, None, 0
+    for raw in raws:
+        for key, members in iter_samples(raw["path"]):
+            if "txt" not in members:
+                continue
+            writer = writer or TarShardWriter(str(tmp_path / f"expected/{names:05d}.tar"))
+            writer.write(key, members)
+            if writer.nsamples == 4:
+                writer.commit()
+                writer, names = None, names + 1
+    writer.commit()
+    expected = {p.name: p.read_bytes() for p in sorted((tmp_path / "expected").iterdir())}
+    written = {name: data for name, data in outputs(tmp_path / "out").items() if name.endswith(".tar")}
+    assert written == expected and [s["nsamples"] for s in record["shards"]] == [4, 4, 4, 1]
+    assert record["skipped"] == {"missing_extension": 1}
 
 
 def test_where_no_hard_link_can_be_made_the_shard_is_copied_with_the_committed_md5(tmp_path, monkeypatch):
