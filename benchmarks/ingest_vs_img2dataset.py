@@ -11,8 +11,8 @@
   would), so the ephemeral server's start-up is not counted; its own in-flow rate is printed too.
 - The bare loop decodes, resizes (keep_ratio 256, Lanczos) and encodes (quality 95) the same bytes in
   `--processes` processes: the CPU limit of the work itself.
-- Peak RSS of `unirl ingest` with 1x and 4x the rows (the same images under 4 URLs each): the sum over the command's
-  processes (its work units run in worker processes), sampled every 0.1 s.
+- Peak RSS of `unirl ingest` with 1x, 2x and 4x the rows (the same images under several URLs each): the sum over the
+  command's processes (its work units run in up to 2 x `--processes` worker processes), sampled every 0.1 s.
 
 Same settings everywhere: keep_ratio 256, JPEG quality 95, the same process and thread counts, and `--timeout` as
 img2dataset's socket timeout and as unirl's connect and read timeouts; no retries.
@@ -309,9 +309,14 @@ def compare_fault_free(args, images: list[Path], parquet: Path, base: str, env: 
     if bare is not None:
         print(f"ratio unirl / bare loop     {(unirl['ok'] / unirl_s) / (args.images / bare):.2f}  (goal >= 0.8)")
     if not args.skip_rss:
-        parquet4 = write_input(args.work / "input4.parquet", base, args.images, copies=4)
-        _, rss_4x, _ = run_unirl(parquet4, args.work / "out-unirl-4x", args, env)
-        print(f"peak RSS unirl ingest: {rss_1x} MB at 1x, {rss_4x} MB at 4x ({rss_4x / rss_1x:.2f}x; goal <= 1.2)")
+        rss = {1: rss_1x}
+        for copies in (2, 4):
+            many = write_input(args.work / f"input{copies}.parquet", base, args.images, copies=copies)
+            _, rss[copies], _ = run_unirl(many, args.work / f"out-unirl-{copies}x", args, env)
+        print(
+            f"peak RSS unirl ingest: {rss[1]} MB at 1x, {rss[2]} MB at 2x, {rss[4]} MB at 4x the rows ({rss[4] / rss[2]:.2f}x "
+            "from 2x to 4x; goal <= 1.2: from 2x on, every worker process a pool may open is open)"
+        )
 
 
 def compare_slow_hosts(args, clean: Path, faulty: Path, env: dict) -> None:

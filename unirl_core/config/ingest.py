@@ -79,7 +79,9 @@ class DownloadImagesConfig(StrictModel):
     """Extra input columns copied into each sample's JSON and the per-shard parquet."""
 
     download_num_processes: Annotated[Count, Field(ge=1)] = 2
-    """Global: work units processed at the same time (Prefect task concurrency)."""
+    """Global: worker processes taking rows at the same time, one work unit each (img2dataset's `processes_count`;
+    about one per core). A unit whose rows have all started lets the next one start in another process while its
+    last rows finish, so up to twice as many units (and processes) are open at once."""
 
     download_num_threads: Annotated[Count, Field(ge=1)] = 16
     """Per unit: fetch-and-transform threads."""
