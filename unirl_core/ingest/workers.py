@@ -23,6 +23,7 @@ parquet writing) runs on every core at once instead of taking turns in one proce
 from __future__ import annotations
 
 import itertools
+import logging
 import multiprocessing
 import os
 import select
@@ -41,6 +42,7 @@ from unirl_core.ingest.plan import WorkUnit
 # Imported once in the forkserver, so every worker starts with them: the ingest code, and pandas, which pyarrow's
 # parquet writer imports on first use (0.4 s of CPU that each worker would otherwise pay at its first unit's end).
 PRELOAD = ["unirl_core.ingest.download", "pandas"]
+logger = logging.getLogger(__name__)
 PROGRESS_EVERY_S = 0.1
 _context = (
     multiprocessing.get_context("forkserver") if "forkserver" in multiprocessing.get_all_start_methods() else None
@@ -102,9 +104,9 @@ class UnitProcesses:
         self._turns.acquire()
         has_turn = True
         try:
-            with self._lock:
+            with self._lock:  # never a pool another thread is replacing
                 pool = self._pool
-            future = pool.submit(_run_unit, root, unit, config, token)
+                future = pool.submit(_run_unit, root, unit, config, token)
             future.add_done_callback(lambda _: input_done.set())  # ended early: committed before, or an error
             input_done.wait()
             self._turns.release()
@@ -131,7 +133,10 @@ class UnitProcesses:
             kind, token, rows = message
             on_row, input_done, finished = self._listeners.get(token, (None, None, None))
             if kind == "rows" and on_row is not None:
-                on_row(rows)
+                try:
+                    on_row(rows)
+                except Exception:  # a progress display's fault must not stop the units' messages
+                    logger.warning("a progress listener failed on unit rows", exc_info=True)
             elif kind == "input_done" and input_done is not None:
                 input_done.set()
             elif kind == "end" and finished is not None:
