@@ -152,19 +152,24 @@ def write_input(path: Path, base: str, count: int, copies: int = 1, dead_base: s
 
 def run_measured(command: list[str], env: dict | None = None) -> tuple[float, int, str]:
     """Wall seconds, the peak of the summed RSS in MB of the process and all its descendants (sampled every 0.1 s:
-    unirl's work units run in worker processes), and its stdout."""
+    unirl's work units run in worker processes), and its stdout. It also prints the peak summed PSS: pages shared
+    by processes (a forkserver's children share its imported libraries) counted once, sampled every 0.5 s."""
     import psutil
 
     with tempfile.TemporaryFile("w+") as out, tempfile.TemporaryFile("w+") as err:
         start = time.perf_counter()
         process = subprocess.Popen(command, env=env, stdout=out, stderr=err, text=True)
-        peak, done = [0], threading.Event()
+        peak, peak_pss, done = [0], [0], threading.Event()
 
         def sample() -> None:
-            while not done.wait(0.1):
+            for tick in itertools.count():
+                if done.wait(0.1):
+                    return
                 try:
                     tree = [psutil.Process(process.pid), *psutil.Process(process.pid).children(recursive=True)]
                     peak[0] = max(peak[0], sum(p.memory_info().rss for p in tree if p.is_running()))
+                    if tick % 5 == 0:  # PSS reads every mapping of each process: twice a second is cheap enough
+                        peak_pss[0] = max(peak_pss[0], sum(p.memory_full_info().pss for p in tree if p.is_running()))
                 except psutil.Error:
                     continue
 
@@ -178,6 +183,9 @@ def run_measured(command: list[str], env: dict | None = None) -> tuple[float, in
         err.seek(0)
         if process.returncode != 0:
             raise RuntimeError(f"{command[0]} failed:\n{err.read()[-3000:]}")
+        print(
+            f"  peak memory of {Path(command[0]).name}: RSS {peak[0] >> 20} MB, PSS {peak_pss[0] >> 20} MB", flush=True
+        )
         return seconds, peak[0] // 2**20, out.read()
 
 
