@@ -69,6 +69,15 @@ def mixed_rows(image_server, count: int = 12) -> list[dict]:
     return rows
 
 
+def slow_rows(image_server, name: str, count: int, delay_s: float) -> list[dict]:
+    """`count` rows whose images the server sends after `delay_s` each: a unit that runs a while."""
+    route = Route(cases.jpeg(32, 24), delay_s=delay_s)
+    return [
+        {"url": image_server.add(f"/workers/{name}/{i}.jpg", route), "img": None, "caption": f"{name} {i}"}
+        for i in range(count)
+    ]
+
+
 def test_a_unit_in_a_worker_process_writes_the_same_bytes_and_reports_every_row(tmp_path, image_server, monkeypatch):
     rows = mixed_rows(image_server)
     here, unit = a_unit(tmp_path, rows, str(tmp_path / "here"))
@@ -91,11 +100,7 @@ def test_a_unit_in_a_worker_process_writes_the_same_bytes_and_reports_every_row(
 
 
 def test_a_worker_that_dies_fails_its_unit_with_a_retryable_error_and_the_next_run_succeeds(tmp_path, image_server):
-    rows = [
-        {"url": image_server.add(f"/workers/slow/{i}.jpg", Route(cases.jpeg(32, 24), delay_s=0.3)), "img": None,
-         "caption": f"slow {i}"}
-        for i in range(12)
-    ]  # fmt: skip
+    rows = slow_rows(image_server, "slow", 12, delay_s=0.3)
     config, unit = a_unit(tmp_path, rows, str(tmp_path / "ds"), download_num_threads=2)
     errors, started = [], threading.Event()
     with unit_processes(1) as pool:
@@ -133,11 +138,7 @@ def test_errors_arrive_from_the_worker_as_they_were_raised(tmp_path):
 
 
 def test_worker_processes_die_with_a_killed_caller(tmp_path, image_server):
-    rows = [
-        {"url": image_server.add(f"/workers/slower/{i}.jpg", Route(cases.jpeg(32, 24), delay_s=1.0)), "img": None,
-         "caption": f"slower {i}"}
-        for i in range(40)
-    ]  # fmt: skip
+    rows = slow_rows(image_server, "slower", 40, delay_s=1.0)
     config, unit = a_unit(tmp_path, rows, str(tmp_path / "ds"), download_num_threads=2)
     script = textwrap.dedent(
         f"""
