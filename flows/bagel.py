@@ -6,9 +6,9 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from prefect import flow
 from prefect.artifacts import create_markdown_artifact, create_table_artifact
 
+from flows.engine import flow
 from tasks.bagel import export_task
 
 

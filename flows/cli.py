@@ -256,11 +256,16 @@ def ingest(
     set_: Annotated[list[str] | None, typer.Option("--set", "-s", help="Override: dotted.key=value.")] = None,
 ) -> None:
     """Run the ingest flow (parquet -> WebDataset shards) with a progress bar, then print the summary."""
-    config = _recipe_section(recipe, set_, "ingest")
-    _prestart_ingest_workers(config)
-    from flows.ingest import ingest as ingest_flow
+    from unirl_core.ingest.workers import head_start, prestart
 
-    with console.CommandProgress():
+    prestart()  # the workers' forkserver imports the ingest modules while this process reads the recipe
+    config = _recipe_section(recipe, set_, "ingest")
+    from tasks.progress import report
+
+    # the plan and the first units start while Prefect is imported; their rows show at once
+    with console.CommandProgress(), head_start(config, on_row=lambda n: report("rows", n)):
+        from flows.ingest import ingest as ingest_flow
+
         summary = ingest_flow(config)
     _print_summary(summary)
 

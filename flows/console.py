@@ -206,7 +206,7 @@ class CommandProgress:
         self.current = self.bar.add_task(stage, total=total, unit=self.UNITS.get(stage, ""), info="")
 
     def report(self, kind: str, amount: Any) -> None:
-        if kind == "stage":
+        if kind == "stage" and amount != self.stage:  # (ingest rows may come first: `unirl ingest`'s head start)
             self.start_stage(amount, self.train_steps if amount == "train" else None)
         elif self.stage == "starting":
             self.start_stage(

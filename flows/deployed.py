@@ -3,8 +3,7 @@ Prefect deployment's parameters are two plain fields in the UI form, and runs on
 
 from __future__ import annotations
 
-from prefect import flow
-
+from flows.engine import flow
 from flows.ingest import ingest
 from flows.pipeline import pipeline
 from flows.precache import precache

@@ -7,16 +7,17 @@ download_parquet -> download_images (one task per unit, `download_num_processes`
 from __future__ import annotations
 
 import time
+from datetime import datetime
 
-from prefect import flow
 from prefect.artifacts import create_progress_artifact, create_table_artifact, update_progress_artifact
 from prefect.events import emit_event
 from prefect.futures import as_completed
 
+from flows.engine import flow
 from tasks import ingest as ingest_tasks
 from tasks.progress import report
 from unirl_core.config.ingest import IngestConfig
-from unirl_core.ingest.download import committed_stats
+from unirl_core.ingest.download import COMMITTED_NOW
 from unirl_core.ingest.stages import committed_units, summarize
 from unirl_core.ingest.workers import unit_processes
 from unirl_core.summaries import IngestSummary
@@ -26,13 +27,15 @@ from unirl_core.summaries import IngestSummary
 def ingest(config: IngestConfig) -> IngestSummary:
     """Parquet (or jsonl/csv) of captions and image URLs or bytes -> equal-size WebDataset shards and an index."""
     report("stage", "ingest")  # the `unirl` command's progress display
-    started = time.monotonic()
+    started = time.time()
     units = ingest_tasks.plan_units(config)
-    new_units = sum(committed_stats(config.dataset_output_root, u, config) is None for u in units)
     stats = download_images(config, units) if config.download_images.enable else committed_units(config, units)
     record = ingest_tasks.reorganize(config, units) if config.reorganize_tar.enable else None
     index = ingest_tasks.generate_wdinfo(config, record) if config.generate_wdinfo.enable else None
-    summary = summarize(config.dataset_output_root, units, stats, index, time.monotonic() - started, new_units)
+    new = [s for s in stats if s.get(COMMITTED_NOW)]
+    # from the first unit this run started: `unirl ingest` starts some before the flow (workers.head_start)
+    started = min([started, *(datetime.fromisoformat(s["start_time"]).timestamp() for s in new)])
+    summary = summarize(config.dataset_output_root, units, stats, index, time.time() - started, len(new))
     _publish(summary)
     return summary
 

@@ -10,9 +10,9 @@ from __future__ import annotations
 
 import time
 
-from prefect import flow
 from prefect.artifacts import create_markdown_artifact
 
+from flows.engine import flow
 from flows.ingest import ingest
 from flows.precache import precache
 from flows.train import train

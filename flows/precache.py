@@ -8,10 +8,11 @@ from __future__ import annotations
 
 import time
 
-from prefect import flow, unmapped
+from prefect import unmapped
 from prefect.artifacts import create_progress_artifact, create_table_artifact, update_progress_artifact
 from prefect.futures import as_completed
 
+from flows.engine import flow
 from tasks import precache as precache_tasks
 from tasks.progress import report
 from unirl_core.config.precache import PrecacheConfig

@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from prefect import flow
 from prefect.artifacts import create_table_artifact
 
+from flows.engine import flow
 from tasks.prompts import check_prompt_file
 
 

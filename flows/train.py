@@ -7,9 +7,9 @@ that supervises the run, which outlives a killed flow process).
 
 from __future__ import annotations
 
-from prefect import flow
 from prefect.artifacts import create_markdown_artifact, create_progress_artifact, update_progress_artifact
 
+from flows.engine import flow
 from tasks import train as train_tasks
 from tasks.progress import report
 from unirl_core.config.precache import PrecacheConfig

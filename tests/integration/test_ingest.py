@@ -6,6 +6,7 @@ import hashlib
 import json
 import pickle
 import time
+from datetime import datetime
 from pathlib import Path
 
 import image_cases as cases
@@ -343,3 +344,38 @@ def test_ingest_flow_publishes_artifacts_and_an_event(prefect_harness, image_ser
     with get_client(sync_client=True) as client:
         events = client.read_events(filter=event_filter, limit=50).events
     assert len([e for e in events if e.payload.get("dataset") == config.dataset_output_root]) == 1
+
+
+def test_a_head_start_runs_every_unit_once_and_writes_the_same_bytes(prefect_harness, image_server, tmp_path):
+    """`unirl ingest` commits the plan and starts the first units before it imports Prefect (workers.head_start);
+    the flow's tasks take the running (here: finished) units: no row is fetched twice, the bytes are those of a plain
+    run, and the summary counts the units and their time as this run's (the `dataset.updated` event depends on it)."""
+    from flows.ingest import ingest
+    from unirl_core.config import load_recipe
+    from unirl_core.ingest.workers import head_start
+
+    slow = Route(cases.jpeg(200, 150, seed=7), delay_s=1.0)
+    rows = good_rows(image_server, 30, offset=900) + [
+        {"url": image_server.add(f"/head/{i}.jpg", slow), "caption": "slow", "image": None, "source": "web"}
+        for i in range(8)
+    ]  # units of 20 and 18 rows, the second with 8 rows of 1 s: 2 s at 4 threads
+    pattern = write_parquet(tmp_path / "head.parquet", rows)
+    plain, ahead = tmp_path / "plain", tmp_path / "ahead"
+    before = sum(image_server.hits.values())
+    run_ingest(recipe(tmp_path, str(plain), pattern, download_num_processes=2))
+    fetched = sum(image_server.hits.values())
+    config = load_recipe(recipe(tmp_path, str(ahead), pattern, download_num_processes=2)).ingest
+    with head_start(config):
+        assert (ahead / "units.json").exists()  # the plan is committed before any unit starts, as the flow does it
+        deadline = time.monotonic() + 60
+        while len(list((ahead / "raw").glob("*_stats.json"))) < 2 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert len(list((ahead / "raw").glob("*_stats.json"))) == 2, "the units did not start before the flow"
+        flow_called = time.time()
+        summary = ingest(config)
+    assert sum(image_server.hits.values()) - fetched == fetched - before == len(rows)  # once by each run
+    assert digests(ahead / "shards") == digests(plain / "shards")
+    assert digests(ahead / "raw").keys() == digests(plain / "raw").keys()
+    assert summary.new_units == 2 and summary.rows == len(rows) and summary.ok == len(rows)
+    first_start = min(json.loads(p.read_text())["start_time"] for p in (ahead / "raw").glob("*_stats.json"))
+    assert summary.seconds >= flow_called - datetime.fromisoformat(first_start).timestamp()  # from the head start

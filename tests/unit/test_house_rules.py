@@ -169,3 +169,21 @@ def test_the_cycle_check_finds_a_circle_through_function_level_and_relative_impo
     assert import_cycles(graph) == [["pkg.a", "pkg.b", "pkg.sub.c"]]
     (tmp_path / "pkg" / "sub" / "c.py").write_text("def finish():\n    return 1\n")
     assert import_cycles(import_graph(tmp_path / "pkg")) == []
+
+
+def test_every_flow_takes_its_decorator_from_flows_engine():
+    """flows/engine.py changes Prefect's engine for every flow; a flow module that imported `flow` from prefect
+    would still get the change, but only if another module imported flows.engine first."""
+    flows = CORE.parent / "flows"
+    defining = [p for p in flows.glob("*.py") if "@flow" in p.read_text()]
+    assert len(defining) >= 5, "the scan must see the flow modules"
+    direct = []
+    for path in defining:
+        for node in ast.walk(ast.parse(path.read_text())):
+            if (
+                isinstance(node, ast.ImportFrom)
+                and node.module == "prefect"
+                and any(a.name == "flow" for a in node.names)
+            ):
+                direct.append(path.name)
+    assert direct == []

@@ -60,6 +60,9 @@ RUNNING_PER_THREAD = 2
 # than the time the unit needs for 64 x threads rows (at 16 threads and ~150 rows/s, about 7 s; a 3 s host and a
 # 5 s timeout fit).
 AHEAD_PER_THREAD = 64
+# Marks the stats `download_unit` returns for a unit it committed itself (not one committed before): the flow counts
+# the units this run added from it, even those a head start (workers.py) committed before the flow began.
+COMMITTED_NOW = "committed_now"
 _END = object()
 
 
@@ -103,7 +106,8 @@ def download_unit(
     on_row: Callable[[int], None] | None = None,
     on_input_done: Callable[[], None] | None = None,
 ) -> dict:
-    """Process one unit into its raw shard (or return its committed stats). Raises budget.ErrorBudgetExceeded.
+    """Process one unit into its raw shard (or return its committed stats; the stats of a unit this call committed
+    carry COMMITTED_NOW, never written). Raises budget.ErrorBudgetExceeded.
     `on_row(n)`: n more rows done; `on_input_done()`: every row has started, only the last ones are still running
     (a slow or dead host among them can take up to its timeout: workers.py starts the next unit then)."""
     done = committed_stats(root, unit, config)
@@ -133,7 +137,7 @@ def download_unit(
     stats = _stats(unit, stage, records, reasons, shard, started)
     with storage.permanent_errors_name(paths["stats"]):
         storage.write_bytes_atomic(paths["stats"], json.dumps(stats, indent=1, sort_keys=True).encode())
-    return stats
+    return {**stats, COMMITTED_NOW: True}
 
 
 def ordered_map(

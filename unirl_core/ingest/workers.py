@@ -18,6 +18,10 @@ parquet writing) runs on every core at once instead of taking turns in one proce
 - Overlap: `processes` units take rows at a time; once every row of a unit has started, the next unit starts in
   another worker while the last rows finish. Without it each unit ended with its slowest rows alone: on the open
   internet a dead host's timeout (README, Slow and dead hosts).
+- Head start (`head_start`, used by `unirl ingest`): the plan and the first `processes` units start before the
+  command imports Prefect and creates its flow run (~1.5 s of one core, the others idle); the flow's
+  `unit_processes` takes that pool and its tasks take the units already running. The plan is committed first, as
+  the flow's own plan task would, and that task then finds it unchanged.
 """
 
 from __future__ import annotations
@@ -34,10 +38,11 @@ from concurrent.futures import ProcessPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
 from contextlib import contextmanager
 from contextvars import ContextVar
+from typing import TYPE_CHECKING
 
-from unirl_core.config.ingest import IngestConfig
-from unirl_core.ingest.download import download_unit
-from unirl_core.ingest.plan import WorkUnit
+if TYPE_CHECKING:  # imported where used: `prestart` runs before a command has read its recipe
+    from unirl_core.config.ingest import IngestConfig
+    from unirl_core.ingest.plan import WorkUnit
 
 # Imported once in the forkserver, so every worker starts with them: the ingest code, and pandas, which pyarrow's
 # parquet writer imports on first use (0.4 s of CPU that each worker would otherwise pay at its first unit's end).
@@ -48,6 +53,7 @@ _context = (
     multiprocessing.get_context("forkserver") if "forkserver" in multiprocessing.get_all_start_methods() else None
 )
 _current: ContextVar[UnitProcesses | None] = ContextVar("unirl_unit_processes", default=None)
+_head_start: UnitProcesses | None = None  # the pool `head_start` opened, until its block ends
 
 
 class WorkerDied(RuntimeError):
@@ -56,7 +62,8 @@ class WorkerDied(RuntimeError):
 
 
 def prestart() -> None:
-    """Start the forkserver now (it imports the ingest modules in the background while the caller goes on)."""
+    """Start the forkserver now: it imports the ingest modules on another core while the caller goes on (reads its
+    recipe, imports Prefect). Importing this module costs little for that reason."""
     if _context is not None:
         _set_preload()
         from multiprocessing import forkserver
@@ -82,7 +89,8 @@ class UnitProcesses:
         self.max_units = 2 * processes
         _set_preload()
         self._progress = _context.SimpleQueue()
-        self._listeners: dict[int, tuple[Callable[[int], None] | None, threading.Event, threading.Event]] = {}
+        self._units: dict[int, _Unit] = {}  # by token: where each unit's progress messages go
+        self._started: dict[tuple[str, WorkUnit], _Unit] = {}  # started ahead (`start`), not yet asked for
         self._tokens = itertools.count()
         self._turns = threading.Semaphore(processes)
         self._lock = threading.Lock()
@@ -98,79 +106,183 @@ class UnitProcesses:
             initargs=(os.getpid(), dict(os.environ), os.getcwd(), self._progress),
         )
 
+    def start(
+        self, root: str, units: list[WorkUnit], config: IngestConfig, on_row: Callable[[int], None] | None = None
+    ) -> None:
+        """Start the first `processes` of these units now, their rows reported to `on_row` (or held); `run_unit` for
+        one of them (same root and config) then waits for that run instead of starting the unit again."""
+        for unit in units[: self.processes]:
+            running = self._submit(root, unit, config)
+            running.report_to(on_row)
+            self._started[(root, unit)] = running
+
     def run_unit(self, root: str, unit: WorkUnit, config: IngestConfig, on_row: Callable[[int], None] | None) -> dict:
-        token, input_done, finished = next(self._tokens), threading.Event(), threading.Event()
-        self._listeners[token] = (on_row, input_done, finished)
-        self._turns.acquire()
-        has_turn = True
+        running = self._started.pop((root, unit), None)
         try:
-            with self._lock:  # never a pool another thread is replacing
-                pool = self._pool
-                future = pool.submit(_run_unit, root, unit, config, token)
-            future.add_done_callback(lambda _: input_done.set())  # ended early: committed before, or an error
-            input_done.wait()
-            self._turns.release()
-            has_turn = False
-            stats = future.result()
-            finished.wait(timeout=10)  # its last rows are reported before the caller moves on
+            if running is not None and running.config != config:  # not the run the caller asks for: it ends first
+                running.future.exception()
+                running = None
+            if running is None:
+                running = self._submit(root, unit, config)
+            running.report_to(on_row)
+            stats = running.future.result()
+            running.finished.wait(timeout=10)  # its last rows are reported before the caller moves on
             return stats
         except BrokenProcessPool:
             with self._lock:
-                if self._pool is pool:  # the first thread to see it replaces the pool; the others just retry
-                    pool.shutdown(wait=False, cancel_futures=True)
+                broken = running.pool if running is not None else self._pool
+                if self._pool is broken:  # the first thread to see it replaces the pool; the others just retry
+                    broken.shutdown(wait=False, cancel_futures=True)
                     self._pool = self._new_pool()
             raise WorkerDied(
                 f"a worker process ended while it ran unit {unit.name} ({unit.file} rows {unit.start}-{unit.stop}): "
                 "killed or out of memory? The unit is retried; lower download_num_threads if memory is short"
             ) from None
         finally:
-            if has_turn:
-                self._turns.release()
-            self._listeners.pop(token, None)
+            if running is not None:
+                self._units.pop(running.token, None)
+
+    def _submit(self, root: str, unit: WorkUnit, config: IngestConfig) -> _Unit:
+        """The unit submitted once it has a turn; the turn passes on when all its rows have started (or it ended)."""
+        self._turns.acquire()
+        running = _Unit(next(self._tokens), config, on_input_done=self._turns.release)
+        try:
+            with self._lock:  # never a pool another thread is replacing
+                running.pool = self._pool
+                self._units[running.token] = running
+                running.future = running.pool.submit(_run_unit, root, unit, config, running.token)
+        except BaseException:
+            self._units.pop(running.token, None)
+            running.input_is_done()
+            raise
+        running.future.add_done_callback(lambda _: running.input_is_done())  # ended early: committed, or an error
+        return running
 
     def _forward(self) -> None:
         while (message := self._progress.get()) is not None:
             kind, token, rows = message
-            on_row, input_done, finished = self._listeners.get(token, (None, None, None))
-            if kind == "rows" and on_row is not None:
+            running = self._units.get(token)
+            if running is None:
+                continue
+            if kind == "rows":
                 try:
-                    on_row(rows)
+                    running.rows(rows)
                 except Exception:  # a progress display's fault must not stop the units' messages
                     logger.warning("a progress listener failed on unit rows", exc_info=True)
-            elif kind == "input_done" and input_done is not None:
-                input_done.set()
-            elif kind == "end" and finished is not None:
-                finished.set()
+            elif kind == "input_done":
+                running.input_is_done()
+            elif kind == "end":
+                running.finished.set()
 
     def close(self) -> None:
+        """Wait for the running units, except when some were started and never asked for (the flow failed before
+        them): the command is ending, and its workers end with it (a started unit commits or leaves temporaries)."""
         with self._lock:
-            self._pool.shutdown(wait=True, cancel_futures=True)
+            self._pool.shutdown(wait=not self._started, cancel_futures=True)
         self._progress.put(None)
         self._forwarder.join(timeout=10)
         self._progress.close()
 
 
+class _Unit:
+    """A submitted unit: its future, its turn (given back once, when all its rows have started or it ended), and
+    where its progress goes: rows done before a caller asks for the unit (one started ahead) are held until then."""
+
+    def __init__(self, token: int, config: IngestConfig, on_input_done: Callable[[], None]):
+        self.token, self.config = token, config
+        self.pool: ProcessPoolExecutor | None = None
+        self.future = None
+        self.finished = threading.Event()
+        self._on_input_done: Callable[[], None] | None = on_input_done
+        self._on_row: Callable[[int], None] | None = None
+        self._held = 0
+        self._lock = threading.Lock()
+
+    def input_is_done(self) -> None:
+        with self._lock:
+            give_back, self._on_input_done = self._on_input_done, None
+        if give_back is not None:
+            give_back()
+
+    def rows(self, n: int) -> None:
+        with self._lock:
+            on_row = self._on_row
+            if on_row is None:
+                self._held += n
+        if on_row is not None:
+            on_row(n)
+
+    def report_to(self, on_row: Callable[[int], None] | None) -> None:
+        with self._lock:
+            self._on_row, held, self._held = on_row, self._held, 0
+        if on_row is not None and held:
+            on_row(held)
+
+
 @contextmanager
 def unit_processes(processes: int) -> Iterator[UnitProcesses | None]:
     """Inside the block, `run_unit` (from this thread and the threads it starts with a copy of its context, as
-    Prefect's task runner does) runs units in `processes` worker processes. Without a forkserver (Windows) units
-    stay in this process."""
+    Prefect's task runner does) runs units in `processes` worker processes: those of `head_start` when it opened
+    them for as many processes (it closes them), else new ones. Without a forkserver (Windows) units stay in this
+    process."""
     if _context is None:
         yield None
         return
-    pool = UnitProcesses(processes)
+    started = _head_start if _head_start is not None and _head_start.processes == processes else None
+    pool = started or UnitProcesses(processes)
     token = _current.set(pool)
     try:
         yield pool
     finally:
         _current.reset(token)
-        pool.close()
+        if started is None:
+            pool.close()
+
+
+@contextmanager
+def head_start(config: IngestConfig, on_row: Callable[[int], None] | None = None) -> Iterator[None]:
+    """For a command about to run the ingest flow: commit the plan and start the first units now, in the pool that
+    the flow's `unit_processes` will take; their rows go to `on_row` until the flow's tasks ask for the units. Left
+    out (the flow does everything, as without it) where the plan copies or reads remote inputs, or fails: the flow's
+    plan task then reports the error as usual."""
+    global _head_start
+    pool = None
+    if _context is not None and _worth_it(config):
+        from unirl_core.ingest.stages import stage_download_parquet
+
+        try:
+            units = stage_download_parquet(config)
+        except Exception:
+            logger.debug("no head start: the plan failed (the flow reports it)", exc_info=True)
+        else:
+            pool = UnitProcesses(config.download_images.download_num_processes)
+            pool.start(config.dataset_output_root, units, config, on_row)
+    _head_start = pool
+    try:
+        yield
+    finally:
+        _head_start = None
+        if pool is not None:
+            pool.close()
+
+
+def _worth_it(config: IngestConfig) -> bool:
+    from unirl_core.io import storage
+
+    paths = [config.dataset_output_root, *config.download_parquet.parquet_pattern]
+    return (
+        config.download_images.enable
+        and not config.download_parquet.copy_inputs
+        and not any(map(storage.is_url, paths))
+    )
 
 
 def run_unit(root: str, unit: WorkUnit, config: IngestConfig, on_row: Callable[[int], None] | None = None) -> dict:
     """`download_unit` in the current `unit_processes` pool, or in this process outside one."""
     pool = _current.get()
     if pool is None:
+        from unirl_core.ingest.download import download_unit
+
         return download_unit(root, unit, config, on_row=on_row)
     return pool.run_unit(root, unit, config, on_row)
 
@@ -211,6 +323,8 @@ def _alive(pid: int) -> bool:
 
 
 def _run_unit(root: str, unit: WorkUnit, config: IngestConfig, token: int) -> dict:
+    from unirl_core.ingest.download import download_unit  # preloaded by the forkserver
+
     sender = _ProgressSender(_queue, token)
     try:
         return download_unit(root, unit, config, on_row=sender, on_input_done=sender.input_done)

@@ -11,6 +11,7 @@ import pytest
 
 from unirl_core.config.ingest import IngestConfig
 from unirl_core.ingest.budget import ErrorBudgetExceeded
+from unirl_core.ingest.download import COMMITTED_NOW
 from unirl_core.ingest.stages import download_unit, stage_download_parquet, stage_reorganize_tar
 
 GOOD, BAD = cases.jpeg(32, 24, seed=1), cases.HTML  # BAD: a decode_error
@@ -32,6 +33,11 @@ def dataset(tmp_path, images: list[bytes], rows_per_unit: int, **download_images
 
 def download_all(config: IngestConfig) -> list[dict]:
     return [download_unit(config.dataset_output_root, u, config) for u in stage_download_parquet(config)]
+
+
+def without_mark(stats: dict) -> dict:
+    """The stats as committed: without the mark of a unit committed by this call."""
+    return {k: v for k, v in stats.items() if k != COMMITTED_NOW}
 
 
 def test_a_unit_of_enough_rows_over_budget_fails_before_it_is_committed(tmp_path):
@@ -56,7 +62,7 @@ def test_a_dataset_bad_as_a_whole_fails_before_any_shard_and_keeps_its_units(tmp
     assert not (tmp_path / "ds" / "shards").exists()
 
     config.download_images.error_budget = 0.6  # a re-run with a looser budget reuses the committed units
-    assert download_all(config) == stats
+    assert download_all(config) == [without_mark(s) for s in stats]  # not committed again: no COMMITTED_NOW
     assert stage_reorganize_tar(config, units)["samples"] == 4
 
 
@@ -71,6 +77,8 @@ def test_every_unit_small_and_all_bad_still_fails(tmp_path):
 def test_changing_error_budget_min_rows_keeps_committed_units(tmp_path):
     config = dataset(tmp_path, [GOOD] * 3, rows_per_unit=3)
     (first,) = download_all(config)
+    assert first[COMMITTED_NOW]
+    first = without_mark(first)
     config.download_images.error_budget_min_rows = 1
     assert download_all(config) == [first]  # not an output setting: no "committed with other settings" error
     assert json.loads((tmp_path / "ds" / "raw" / "00000_stats.json").read_text()) == first

@@ -1,6 +1,6 @@
 """Work units in worker processes (unirl_core/ingest/workers.py): the same output as in this process, every row
 reported, a worker's death a retryable error, errors and the caller's environment carried across, nothing left
-running when the caller is killed."""
+running when the caller is killed, a unit started ahead run once."""
 
 from __future__ import annotations
 
@@ -25,7 +25,7 @@ from http_server import Route
 
 from unirl_core.config.ingest import IngestConfig
 from unirl_core.ingest.budget import ErrorBudgetExceeded
-from unirl_core.ingest.download import download_unit
+from unirl_core.ingest.download import COMMITTED_NOW, download_unit
 from unirl_core.ingest.plan import WorkUnit
 from unirl_core.ingest.workers import WorkerDied, run_unit, unit_processes
 from unirl_core.io.storage import StorageError
@@ -197,3 +197,22 @@ def test_the_next_unit_starts_while_a_unit_waits_for_its_last_slow_row(tmp_path,
     end = {i: datetime.fromisoformat(results[i]["end_time"]) for i in (0, 1)}
     assert start[1] < end[0], "unit 1 waited for unit 0's slow row"
     assert (start[1] - start[0]).total_seconds() > 0.1  # ... but not for its turn: unit 0 took its rows first
+
+
+def test_a_unit_started_ahead_runs_once_and_hands_its_rows_to_whoever_asks_for_it(tmp_path, image_server):
+    """`start` runs the unit before anyone asks for it (`unirl ingest` does so while it imports Prefect); the later
+    `run_unit` waits for that run instead of running the unit again, and gets every row it reported meanwhile."""
+    rows = mixed_rows(image_server)
+    config, unit = a_unit(tmp_path, rows, str(tmp_path / "ds"))
+    stats_file = tmp_path / "ds" / "raw" / "00000_stats.json"
+    reported = []
+    with unit_processes(1) as pool:
+        pool.start(config.dataset_output_root, [unit], config)
+        deadline = time.monotonic() + 30
+        while not stats_file.exists() and time.monotonic() < deadline:  # committed before anyone asked
+            time.sleep(0.05)
+        assert stats_file.exists(), "the unit did not start ahead"
+        stats = pool.run_unit(config.dataset_output_root, unit, config, on_row=reported.append)
+    assert stats[COMMITTED_NOW]  # the started run's result: a second run would find the unit committed (no mark)
+    assert sum(reported) == len(rows)  # the rows done before the ask included
+    assert outputs(tmp_path / "ds")[2]["successes"] == len(rows) - 1
