@@ -28,7 +28,7 @@ class IngestSummary(_Summary):
     ok: int  # rows that became samples
     skipped: int  # rows skipped, over every reason
     skip_reasons: dict[str, int]  # reason -> rows, sorted by reason
-    seconds: float  # wall time of the flow
+    seconds: float  # wall time of the flow, from the first unit it committed when that started before it (head start)
     images_per_s: float | None  # ok / seconds (None for a zero duration)
     shards: int | None = None  # shards in the index; None without the generate_wdinfo stage
     samples_in_shards: int | None = None  # samples in complete shards (the index's total_key_count)

@@ -121,6 +121,7 @@ class UnitProcesses:
         try:
             if running is not None and running.config != config:  # not the run the caller asks for: it ends first
                 running.future.exception()
+                self._units.pop(running.token, None)
                 running = None
             if running is None:
                 running = self._submit(root, unit, config)
