@@ -18,6 +18,7 @@ from __future__ import annotations
 import logging
 import os
 import sys
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -173,6 +174,7 @@ class CommandProgress:
         )
         self.current: Any = None
         self.stage = ""
+        self._lock = threading.Lock()  # reports come from the flow's threads and the ingest workers' progress thread
 
     def __enter__(self) -> CommandProgress:
         from tasks import progress
@@ -206,6 +208,10 @@ class CommandProgress:
         self.current = self.bar.add_task(stage, total=total, unit=self.UNITS.get(stage, ""), info="")
 
     def report(self, kind: str, amount: Any) -> None:
+        with self._lock:
+            self._report(kind, amount)
+
+    def _report(self, kind: str, amount: Any) -> None:
         if kind == "stage" and amount != self.stage:  # (ingest rows may come first: `unirl ingest`'s head start)
             self.start_stage(amount, self.train_steps if amount == "train" else None)
         elif self.stage == "starting":

@@ -17,8 +17,8 @@ from flows.engine import flow
 from tasks import ingest as ingest_tasks
 from tasks.progress import report
 from unirl_core.config.ingest import IngestConfig
-from unirl_core.ingest.download import COMMITTED_NOW
-from unirl_core.ingest.stages import committed_units, summarize
+from unirl_core.ingest.download import COMMITTED_NOW, committed_stats
+from unirl_core.ingest.stages import committed_units, published_index, summarize
 from unirl_core.ingest.workers import unit_processes
 from unirl_core.summaries import IngestSummary
 
@@ -27,8 +27,10 @@ from unirl_core.summaries import IngestSummary
 def ingest(config: IngestConfig) -> IngestSummary:
     """Parquet (or jsonl/csv) of captions and image URLs or bytes -> equal-size WebDataset shards and an index."""
     report("stage", "ingest")  # the `unirl` command's progress display
-    started = time.time()
+    started, published = time.time(), published_index(config.dataset_output_root)
     units = ingest_tasks.plan_units(config)
+    for unit in units:  # committed with other output settings: an error now, before any download
+        committed_stats(config.dataset_output_root, unit, config)
     stats = download_images(config, units) if config.download_images.enable else committed_units(config, units)
     record = ingest_tasks.reorganize(config, units) if config.reorganize_tar.enable else None
     index = ingest_tasks.generate_wdinfo(config, record) if config.generate_wdinfo.enable else None
@@ -36,7 +38,8 @@ def ingest(config: IngestConfig) -> IngestSummary:
     # from the first unit this run started: `unirl ingest` starts some before the flow (workers.head_start)
     started = min([started, *(datetime.fromisoformat(s["start_time"]).timestamp() for s in new)])
     summary = summarize(config.dataset_output_root, units, stats, index, time.time() - started, len(new))
-    _publish(summary)
+    # the dataset changed: new units, or an index unlike the last one (a run killed after its units committed)
+    _publish(summary, changed=bool(new) or published_index(config.dataset_output_root) != published)
     return summary
 
 
@@ -66,12 +69,12 @@ def download_images(config: IngestConfig, units: list) -> list[dict]:
     return [future.result() for future in futures]
 
 
-def _publish(summary: IngestSummary) -> None:
+def _publish(summary: IngestSummary, changed: bool) -> None:
     values = summary.model_dump()
     table = [{"metric": k, "value": str(v)} for k, v in values.items() if k != "skip_reasons"]
     table += [{"metric": f"skipped: {reason}", "value": str(n)} for reason, n in summary.skip_reasons.items()]
     create_table_artifact(table=table, key="ingest-summary", description=f"ingest of {summary.dataset}")
-    if not summary.new_units:  # a re-run that committed nothing new: no event (retrain would loop on itself)
+    if not changed:  # a re-run that changed nothing: no event (retrain would loop on itself)
         return
     emit_event(
         event="unirl.dataset.updated",

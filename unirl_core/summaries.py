@@ -34,7 +34,7 @@ class IngestSummary(_Summary):
     samples_in_shards: int | None = None  # samples in complete shards (the index's total_key_count)
     incomplete_shards: list[str] | None = None  # names of shards short of tar_chunk_size (the tail)
     bytes: int | None = None  # size of the indexed shards
-    new_units: int = 0  # units this run committed; 0: nothing new (a re-run), so no `dataset.updated` event
+    new_units: int = 0  # units this run committed (the `dataset.updated` event also needs them, or a changed index)
 
 
 class PrecacheSummary(_Summary):

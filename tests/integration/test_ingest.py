@@ -268,6 +268,21 @@ def test_bad_inputs_fail_before_any_download(prefect_harness, image_server, tmp_
     assert not (tmp_path / "ds" / "raw").exists()
 
 
+def test_changed_output_settings_fail_before_any_download(prefect_harness, image_server, tmp_path):
+    """A re-run with another output setting (image_size) and a new input: the committed units' settings differ, so
+    the run fails before fetching a row of the new input (its units would mix two settings in one dataset)."""
+    (tmp_path / "in").mkdir()
+    write_parquet(tmp_path / "in" / "a.parquet", good_rows(image_server, 10, offset=1000))
+    root, pattern = str(tmp_path / "ds"), str(tmp_path / "in" / "*.parquet")
+    run_ingest(recipe(tmp_path, root, pattern))
+    write_parquet(tmp_path / "in" / "b.parquet", good_rows(image_server, 10, offset=1100))
+    hits = sum(image_server.hits.values())
+    with pytest.raises(IngestInputError, match="was committed for .* with settings"):
+        run_ingest(recipe(tmp_path, root, pattern, image_size=32))
+    assert sum(image_server.hits.values()) == hits
+    assert sorted(p.name for p in (tmp_path / "ds" / "raw").glob("*_stats.json")) == ["00000_stats.json"]
+
+
 def test_wdinfo_loads_the_way_nemo_loads_it(prefect_harness, image_server, tmp_path):
     import webdataset as wds
 
@@ -340,9 +355,24 @@ def test_ingest_flow_publishes_artifacts_and_an_event(prefect_harness, image_ser
 
     again = ingest(config)  # nothing new: no event, or the retrain deployment would trigger itself forever
     assert again.new_units == 0 and again.ok == 9
-    time.sleep(3)
+
+    # a run killed after its units committed (or whose head start committed them before its flow failed): the next
+    # run commits no unit, but publishes the dataset for the first time, so the event comes
+    from unirl_core.ingest.stages import download_unit, stage_download_parquet
+
+    killed = config.model_copy(update={"dataset_output_root": str(tmp_path / "killed")})
+    for unit in stage_download_parquet(killed):
+        download_unit(killed.dataset_output_root, unit, killed)
+    recovered = ingest(killed)
+    assert recovered.new_units == 0 and recovered.samples_in_shards == 8
+
+    deadline, seen = time.monotonic() + 30, []
     with get_client(sync_client=True) as client:
-        events = client.read_events(filter=event_filter, limit=50).events
+        while time.monotonic() < deadline and not seen:
+            events = client.read_events(filter=event_filter, limit=50).events
+            seen = [e for e in events if e.payload.get("dataset") == killed.dataset_output_root]
+            time.sleep(0.5)
+    assert len(seen) == 1
     assert len([e for e in events if e.payload.get("dataset") == config.dataset_output_root]) == 1
 
 

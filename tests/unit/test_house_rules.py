@@ -172,18 +172,15 @@ def test_the_cycle_check_finds_a_circle_through_function_level_and_relative_impo
 
 
 def test_every_flow_takes_its_decorator_from_flows_engine():
-    """flows/engine.py changes Prefect's engine for every flow; a flow module that imported `flow` from prefect
-    would still get the change, but only if another module imported flows.engine first."""
+    """flows/engine.py changes Prefect's engine for every flow; a flow module that took `flow` from prefect would
+    still get the change, but only if another module imported flows.engine first."""
     flows = CORE.parent / "flows"
-    defining = [p for p in flows.glob("*.py") if "@flow" in p.read_text()]
-    assert len(defining) >= 5, "the scan must see the flow modules"
+    assert len([p for p in flows.glob("*.py") if "@flow" in p.read_text()]) >= 5, "the scan must see the flows"
     direct = []
-    for path in defining:
+    for path in flows.glob("*.py"):
         for node in ast.walk(ast.parse(path.read_text())):
-            if (
-                isinstance(node, ast.ImportFrom)
-                and node.module == "prefect"
-                and any(a.name == "flow" for a in node.names)
-            ):
-                direct.append(path.name)
-    assert direct == []
+            if isinstance(node, ast.ImportFrom) and node.module in ("prefect", "prefect.flows") and node.level == 0:
+                direct += [f"{path.name}: from {node.module} import flow" for a in node.names if a.name == "flow"]
+            elif isinstance(node, ast.Attribute) and node.attr == "flow" and getattr(node.value, "id", "") == "prefect":
+                direct.append(f"{path.name}: prefect.flow")
+    assert direct == ["engine.py: from prefect import flow"]  # the one place

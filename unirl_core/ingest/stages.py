@@ -17,7 +17,7 @@ from unirl_core.ingest.download import committed_stats, download_unit, raw_paths
 from unirl_core.ingest.plan import IngestInputError, WorkUnit, plan_units, read_plan, write_plan
 from unirl_core.ingest.reorganize import REORGANIZE_RECORD, reorganize, shards_folder
 from unirl_core.io import storage
-from unirl_core.io.shard_index import generate_wdinfo
+from unirl_core.io.shard_index import INDEX, generate_wdinfo
 from unirl_core.summaries import IngestSummary
 
 __all__ = [
@@ -77,6 +77,12 @@ def stage_generate_wdinfo(config: IngestConfig, record: dict | None = None) -> d
             raise IngestInputError(f"generate_wdinfo needs {path}: run reorganize_tar first")
         record = json.loads(storage.read_text(path))
     return generate_wdinfo(shards_folder(config.dataset_output_root), record)
+
+
+def published_index(root: str) -> str | None:
+    """The dataset's index.json as text (None before the first generate_wdinfo), to tell whether a run changed it."""
+    path = f"{shards_folder(root)}/{INDEX}"
+    return storage.read_text(path) if storage.exists(path) else None
 
 
 def summarize(

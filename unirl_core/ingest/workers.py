@@ -34,7 +34,7 @@ import select
 import threading
 import time
 from collections.abc import Callable, Iterator
-from concurrent.futures import ProcessPoolExecutor
+from concurrent.futures import ProcessPoolExecutor, wait
 from concurrent.futures.process import BrokenProcessPool
 from contextlib import contextmanager
 from contextvars import ContextVar
@@ -120,7 +120,7 @@ class UnitProcesses:
         running = self._started.pop((root, unit), None)
         try:
             if running is not None and running.config != config:  # not the run the caller asks for: it ends first
-                running.future.exception()
+                wait([running.future])
                 self._units.pop(running.token, None)
                 running = None
             if running is None:
@@ -177,8 +177,12 @@ class UnitProcesses:
 
     def close(self) -> None:
         """Wait for the running units, except when some were started and never asked for (the flow failed before
-        them): the command is ending, and its workers end with it (a started unit commits or leaves temporaries)."""
+        them): then the workers are stopped (SIGTERM) and their units left uncommitted, with temporaries that the
+        next run removes; nothing would read their progress any more."""
         with self._lock:
+            if self._started:
+                for process in list((getattr(self._pool, "_processes", None) or {}).values()):
+                    process.terminate()
             self._pool.shutdown(wait=not self._started, cancel_futures=True)
         self._progress.put(None)
         self._forwarder.join(timeout=10)
@@ -248,18 +252,10 @@ def head_start(config: IngestConfig, on_row: Callable[[int], None] | None = None
     plan task then reports the error as usual."""
     global _head_start
     pool = None
-    if _context is not None and _worth_it(config):
-        from unirl_core.ingest.stages import stage_download_parquet
-
-        try:
-            units = stage_download_parquet(config)
-        except Exception:
-            logger.debug("no head start: the plan failed (the flow reports it)", exc_info=True)
-        else:
-            pool = UnitProcesses(config.download_images.download_num_processes)
-            pool.start(config.dataset_output_root, units, config, on_row)
-    _head_start = pool
     try:
+        if _context is not None and _worth_it(config):
+            pool = _start_ahead(config, on_row)
+        _head_start = pool
         yield
     finally:
         _head_start = None
@@ -267,14 +263,33 @@ def head_start(config: IngestConfig, on_row: Callable[[int], None] | None = None
             pool.close()
 
 
+def _start_ahead(config: IngestConfig, on_row: Callable[[int], None] | None) -> UnitProcesses | None:
+    from unirl_core.ingest.stages import stage_download_parquet
+
+    pool = None
+    try:
+        units = stage_download_parquet(config)
+        pool = UnitProcesses(config.download_images.download_num_processes)
+        pool.start(config.dataset_output_root, units, config, on_row)
+        return pool
+    except Exception:
+        logger.debug("no head start: it failed (the flow meets the same error, or runs without one)", exc_info=True)
+        if pool is not None:
+            pool.close()
+        return None
+
+
 def _worth_it(config: IngestConfig) -> bool:
+    """Local parquet inputs only: planning reads their footers (a jsonl or csv input is read whole, and remote ones
+    cost round trips: the plan would be made twice before any gain)."""
     from unirl_core.io import storage
 
-    paths = [config.dataset_output_root, *config.download_parquet.parquet_pattern]
+    patterns = config.download_parquet.parquet_pattern
     return (
         config.download_images.enable
         and not config.download_parquet.copy_inputs
-        and not any(map(storage.is_url, paths))
+        and not storage.is_url(config.dataset_output_root)
+        and not any(storage.is_url(p) or not p.endswith(".parquet") for p in patterns)
     )
 
 

@@ -27,7 +27,7 @@ from unirl_core.config.ingest import IngestConfig
 from unirl_core.ingest.budget import ErrorBudgetExceeded
 from unirl_core.ingest.download import COMMITTED_NOW, download_unit
 from unirl_core.ingest.plan import WorkUnit
-from unirl_core.ingest.workers import WorkerDied, run_unit, unit_processes
+from unirl_core.ingest.workers import WorkerDied, head_start, run_unit, unit_processes
 from unirl_core.io.storage import StorageError
 
 pytestmark = pytest.mark.skipif(sys.platform != "linux", reason="worker processes fork from a forkserver (Linux)")
@@ -199,20 +199,42 @@ def test_the_next_unit_starts_while_a_unit_waits_for_its_last_slow_row(tmp_path,
     assert (start[1] - start[0]).total_seconds() > 0.1  # ... but not for its turn: unit 0 took its rows first
 
 
-def test_a_unit_started_ahead_runs_once_and_hands_its_rows_to_whoever_asks_for_it(tmp_path, image_server):
+@pytest.mark.parametrize("ask", ["while it runs", "once it is committed"])
+def test_a_unit_started_ahead_runs_once_and_hands_its_rows_to_whoever_asks_for_it(tmp_path, image_server, ask):
     """`start` runs the unit before anyone asks for it (`unirl ingest` does so while it imports Prefect); the later
-    `run_unit` waits for that run instead of running the unit again, and gets every row it reported meanwhile."""
-    rows = mixed_rows(image_server)
-    config, unit = a_unit(tmp_path, rows, str(tmp_path / "ds"))
+    `run_unit` waits for that run instead of running the unit again, and gets every row: those reported before it
+    asked, and the rest as they come."""
+    rows = mixed_rows(image_server) + slow_rows(image_server, f"ahead-{ask[0]}", 6, delay_s=0.5)
+    config, unit = a_unit(tmp_path, rows, str(tmp_path / "ds"), download_num_threads=2)  # its slow rows: >= 1.5 s
     stats_file = tmp_path / "ds" / "raw" / "00000_stats.json"
     reported = []
     with unit_processes(1) as pool:
         pool.start(config.dataset_output_root, [unit], config)
         deadline = time.monotonic() + 30
-        while not stats_file.exists() and time.monotonic() < deadline:  # committed before anyone asked
+        while ask == "once it is committed" and not stats_file.exists() and time.monotonic() < deadline:
             time.sleep(0.05)
-        assert stats_file.exists(), "the unit did not start ahead"
+        assert stats_file.exists() == (ask == "once it is committed")
         stats = pool.run_unit(config.dataset_output_root, unit, config, on_row=reported.append)
     assert stats[COMMITTED_NOW]  # the started run's result: a second run would find the unit committed (no mark)
-    assert sum(reported) == len(rows)  # the rows done before the ask included
+    assert sum(reported) == len(rows)
     assert outputs(tmp_path / "ds")[2]["successes"] == len(rows) - 1
+
+
+def test_units_started_ahead_and_never_asked_for_stop_when_the_head_start_ends(tmp_path, image_server):
+    """The flow failed before its downloads (its API unreachable, say): the units `head_start` started are stopped
+    with the command, not left running until they commit."""
+    rows = slow_rows(image_server, "never-asked", 20, delay_s=1.0)
+    config, _ = a_unit(tmp_path, rows, str(tmp_path / "ds"), download_num_threads=2)  # ~10 s of rows
+    workers: list[psutil.Process] = []
+    with pytest.raises(RuntimeError, match="before its downloads"), head_start(config):
+        deadline = time.monotonic() + 30
+        while not workers and time.monotonic() < deadline:
+            time.sleep(0.05)
+            workers = psutil.Process(forkserver._forkserver._forkserver_pid).children()
+        assert workers, "no unit started ahead"
+        raise RuntimeError("the flow failed before its downloads")
+    deadline = time.monotonic() + 5
+    while [w for w in workers if w.is_running() and w.status() != psutil.STATUS_ZOMBIE] and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not [w.pid for w in workers if w.is_running() and w.status() != psutil.STATUS_ZOMBIE]
+    assert not (tmp_path / "ds" / "raw" / "00000_stats.json").exists()
