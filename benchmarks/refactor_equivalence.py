@@ -9,6 +9,12 @@ and temporary Prefect API):
   demo           `unirl train demo`: 24 RL steps on 2 Ray workers (FSDP2, gloo)
   pipeline_demo  `unirl demo`: synthetic data -> ingest -> precache -> 8 warm-up steps -> 24 RL steps in 3 rounds
 
+  demo_<name>    `unirl train demo_<name> --local --steps 12`: each packaged algorithm demo, one rank
+  demo_reinforce the demo with `train.algorithm.name=reinforce` (no packaged demo)
+  demo_grpo_kl   the demo with a KL term (flow_grpo's form), 2 updates of 2 micro-batches, CFG 4.5 with the
+                 unconditional branch detached (the train stack's other paths), 6 steps
+  family_<f>     the demo on each other tiny family (sd3 is the demo's), its test overrides, 4 steps, `--local`
+
 and records, per run, every step's `metrics.jsonl` row without its timings (the last row of each step), and the
 sha256 of each tensor of the exported adapter (`adapter_model.safetensors`). `check` runs them again and prints,
 per run, the steps and tensors that differ (exit 1 if any). Only the command line, the metrics file and the export
@@ -25,13 +31,51 @@ import os
 import subprocess
 import sys
 import tempfile
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 VOLATILE = ("seconds", "_per_s")  # timings
-RUNS = {
+ALGORITHM_DEMOS = [
+    "dancegrpo",
+    "diffusion_nft",
+    "flow_dppo",
+    "flow_grpo_fast",
+    "grpo_guard",
+    "mixgrpo",
+    "mixgrpo_flash",
+]
+FLUX2_LORA = "[to_q,to_k,to_v,to_out.0,add_q_proj,add_k_proj,add_v_proj,to_add_out,ff.linear_in,ff.linear_out,"
+FLUX2_LORA += "ff_context.linear_in,ff_context.linear_out,to_qkv_mlp_proj,proj_out,norm_out.linear]"
+FAMILIES = {  # family -> its tiny's overrides (tests/support/family_cases.py); edit families get edit prompts
+    "sd15": ["train.algorithm.eta=1.0"],
+    "sdxl": ["train.model.lora.target_modules=[to_q,to_k,to_v,to_out.0,proj_out,conv_out]", "train.algorithm.eta=1.0",
+             "train.algorithm.timestep_fraction=0.5"],
+    "flux": [],
+    "flux_schnell": [],
+    "flux_kontext": [],
+    "flux2_klein": [f"train.model.lora.target_modules={FLUX2_LORA}"],
+    "qwen_image": [],
+    "qwen_image_edit": [],
+}  # fmt: skip
+EDIT_FAMILIES = {"flux_kontext", "qwen_image_edit"}
+
+
+def _sets(*overrides: str) -> list[str]:
+    return [part for override in overrides for part in ("--set", override)]
+
+
+RUNS: dict[str, list[str]] = {
     "demo": ["train", "demo"],
     "pipeline_demo": ["demo"],
-}
+    **{f"demo_{name}": ["train", f"demo_{name}", "--local", "--steps", "12"] for name in ALGORITHM_DEMOS},
+    "demo_reinforce": ["train", "demo", "--local", "--steps", "12", *_sets("train.algorithm.name=reinforce")],
+    "demo_grpo_kl": ["train", "demo", "--local", "--steps", "6", *_sets(
+        "train.algorithm.beta=0.04", "train.algorithm.kl_form=flow_grpo", "train.algorithm.num_updates_per_batch=2",
+        "train.algorithm.micro_batch_size=2", "train.sampling.guidance_scale=4.5",
+        "train.algorithm.cfg_gradient=detach_uncond")],
+    **{f"family_{f}": ["train", "demo", "--local", "--steps", "4", *_sets(
+        f"train.model.family={f}", f"train.model.path=tiny:{f}", *extra)] for f, extra in FAMILIES.items()},
+}  # fmt: skip
 
 
 def metric_rows(output_dir: Path) -> dict[str, dict]:
@@ -49,6 +93,16 @@ def weight_digests(output_dir: Path) -> dict[str, str]:
     return {k: hashlib.sha256(v.tobytes()).hexdigest() for k, v in sorted(load_file(str(adapter)).items())}
 
 
+def edit_prompts(name: str, home: Path, code: Path, env: dict) -> list[str]:
+    """An edit family's demo prompts (instructions with condition images), written by the checkout's own CLI helper."""
+    family = name.removeprefix("family_")
+    if family not in EDIT_FAMILIES:
+        return []
+    script = f"from pathlib import Path; from flows.cli import demo_prompts; print(demo_prompts({family!r}, Path({str(home)!r}), 8))"
+    path = subprocess.run([sys.executable, "-c", script], cwd=code, env=env, capture_output=True, text=True, check=True)
+    return _sets("train.data.source=file", f"train.data.data_path={path.stdout.strip().splitlines()[-1]}")
+
+
 def run(name: str, code: Path) -> dict:
     with tempfile.TemporaryDirectory(prefix=f"equivalence-{name}-") as tmp:
         home = Path(tmp)
@@ -61,10 +115,11 @@ def run(name: str, code: Path) -> dict:
             "PYTHONPATH": str(code),
         }
         unirl = [sys.executable, "-c", "from flows.cli import app; app()"]
-        done = subprocess.run([*unirl, *RUNS[name]], cwd=code, env=env, capture_output=True, text=True)
+        args = RUNS[name] + edit_prompts(name, home, code, env)
+        done = subprocess.run([*unirl, *args], cwd=code, env=env, capture_output=True, text=True)
         if done.returncode:
             raise SystemExit(f"{name}: exit {done.returncode}\n{done.stdout[-2000:]}\n{done.stderr[-3000:]}")
-        output_dir = home / "outputs" / name
+        output_dir = home / "outputs" / (args[1] if args[0] == "train" else name)
         return {"metrics": metric_rows(output_dir), "weights": weight_digests(output_dir)}
 
 
@@ -91,11 +146,15 @@ def main() -> None:
     parser.add_argument("reference", type=Path)
     parser.add_argument("--code", type=Path, default=Path(__file__).resolve().parents[1], help="checkout to run")
     parser.add_argument("--runs", default=",".join(RUNS), help="comma-separated: " + ", ".join(RUNS))
+    parser.add_argument("--jobs", type=int, default=2, help="runs at once (each its own processes)")
     args = parser.parse_args()
     names = args.runs.split(",")
-    results = {name: run(name, args.code.resolve()) for name in names}
+    with ThreadPoolExecutor(args.jobs) as pool:
+        results = dict(zip(names, pool.map(lambda name: run(name, args.code.resolve()), names), strict=True))
     if args.mode == "record":
         args.reference.parent.mkdir(parents=True, exist_ok=True)
+        if args.reference.is_file():  # record a subset: the other runs' references stay
+            results = json.loads(args.reference.read_text()) | results
         args.reference.write_text(json.dumps(results, indent=1, sort_keys=True) + "\n")
         for name, result in results.items():
             print(f"{name}: recorded {len(result['metrics'])} steps, {len(result['weights'])} adapter tensors")
