@@ -4,7 +4,7 @@ same prompts, seeds and reward (the demo recipe: jpeg_compressibility, 2 prompts
     .venv/bin/python benchmarks/algorithms.py [--family sd3] [--steps 24] [--seeds 0,1,2] [--inference-steps 8]
     .venv/bin/python benchmarks/algorithms.py --only grpo,mixgrpo
 
-Each algorithm runs its preset (`PRESETS` in unirl_core/config/schema.py) with the overrides in `TINY` below,
+Each algorithm runs its defaults (its config class in unirl_core/algorithms/<name>.py) with the overrides in `TINY` below,
 which scale windows written for 10-28 steps to the tiny runs' 8. Every run is one rank in this process
 (`unirl train --local`'s path). Printed per algorithm: the reward gain (mean of the last 4 steps minus the first 4)
 for each seed and their mean, the final reward, seconds per RL step (the first step, a warm-up, left out), and the

@@ -136,10 +136,12 @@ def test_diffusion_nft_samples_from_the_old_policy_and_moves_it_after_the_step(f
     after = lora_weights(adapter)
     assert metrics["old_decay"] == pytest.approx(0.001) and metrics["r_mean"] == pytest.approx(0.5)
     assert any(not torch.equal(a, b) for a, b in zip(before, after, strict=True))
-    for old, initial, new in zip(stack.old.shadow, before, after, strict=True):
+    for old, initial, new in zip(stack.algorithm.old.shadow, before, after, strict=True):
         assert torch.allclose(old, 0.001 * initial + 0.999 * new, atol=1e-6)
     with stack.rollout_policy():
-        assert all(torch.equal(p.detach(), o) for p, o in zip(adapter.parameters(), stack.old.shadow, strict=True))
+        assert all(
+            torch.equal(p.detach(), o) for p, o in zip(adapter.parameters(), stack.algorithm.old.shadow, strict=True)
+        )
     assert all(torch.equal(p.detach(), a) for p, a in zip(adapter.parameters(), after, strict=True))
 
 

@@ -8,7 +8,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from unirl_core.config.schema import AlgorithmConfig
+from unirl_core.algorithms.registry import algorithm_config
 from unirl_core.distributed import process_group
 from unirl_core.distributed.rank import TorchWorker
 from unirl_core.train.fsdp import mixed_precision_policy
@@ -85,14 +85,14 @@ class MetaAdapter:
 def test_the_train_stack_brings_cpu_advantages_to_the_log_probs_device(monkeypatch):
     adapter, seen = MetaAdapter(), []
 
-    def checked_loss(algorithm, result, logp_old, mean_old, advantages):
+    def checked_loss(algorithm, result, logp_old, mean_old, advantages):  # GRPO.policy_loss, `algorithm` its self
         seen.append({t.device.type for t in (result.log_prob, logp_old, advantages)})
         one = torch.ones(())
         terms = (adapter.weight * 0).expand(len(advantages))
         return terms, {"ratio_mean": one, "ratio_min": one, "ratio_max": one}
 
-    stack = TrainStack(adapter, AlgorithmConfig(micro_batch_size=2))
-    monkeypatch.setattr("unirl_core.train.stack.policy_loss", checked_loss)
+    stack = TrainStack(adapter, algorithm_config({"micro_batch_size": 2}))
+    monkeypatch.setattr("unirl_core.algorithms.grpo.GRPO.policy_loss", checked_loss)
     rollout = SimpleNamespace(
         latents_TB=torch.zeros(2, 4, 1), next_latents_TB=torch.zeros(2, 4, 1), steps=[0, 1], schedule=None,
         cond={}, logp_TB=torch.zeros(2, 4, device="meta"), samples=None,

@@ -184,3 +184,53 @@ def test_every_flow_takes_its_decorator_from_flows_engine():
             elif isinstance(node, ast.Attribute) and node.attr == "flow" and getattr(node.value, "id", "") == "prefect":
                 direct.append(f"{path.name}: prefect.flow")
     assert direct == ["engine.py: from prefect import flow"]  # the one place
+
+
+# --- algorithms are looked up in their registry, never compared by name -------------------------------------------
+
+
+def algorithm_name_comparisons(path: Path, names: set[str]) -> list[str]:
+    """`file:line` of each comparison in `path` that tests an algorithm's name: a compared `.name` of anything
+    called `algorithm` (`algorithm.name == ...`, `config.algorithm.name in {...}`), or a compared string (or set,
+    tuple, list of strings) that is a built-in algorithm's name."""
+
+    def names_algorithm(node) -> bool:
+        return isinstance(node, ast.Attribute) and node.attr == "name" and "algorithm" in ast.unparse(node.value)
+
+    def is_algorithm_literal(node) -> bool:
+        if isinstance(node, ast.Constant):
+            return node.value in names
+        if isinstance(node, ast.Set | ast.Tuple | ast.List):
+            return any(is_algorithm_literal(e) for e in node.elts)
+        return False
+
+    found = []
+    for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
+        if isinstance(node, ast.Compare) and any(
+            names_algorithm(side) or is_algorithm_literal(side) for side in [node.left, *node.comparators]
+        ):
+            found.append(f"{path}:{node.lineno}")
+    return found
+
+
+def test_no_algorithm_name_is_compared_outside_the_registry():
+    """The loop reads an algorithm's capabilities (`unirl_core/algorithms/base.py`); a name compared elsewhere is a
+    branch a new algorithm cannot reach without editing the core."""
+    from unirl_core.algorithms.registry import BUILT_IN
+
+    root = CORE.parent
+    files = [p for top in ("unirl_core", "flows", "tasks") for p in sorted((root / top).rglob("*.py"))]
+    allowed = {CORE / "algorithms" / "registry.py"}
+    found = [hit for path in files if path not in allowed for hit in algorithm_name_comparisons(path, set(BUILT_IN))]
+    assert found == []
+
+
+def test_the_name_comparison_rule_sees_each_form(tmp_path):
+    source = tmp_path / "branchy.py"
+    source.write_text(
+        'if config.algorithm.name == "x":\n    pass\n'
+        "if algorithm.name in SINGLE_UPDATE:\n    pass\n"
+        'y = name in {"mixgrpo", "other"}\n'
+        'z = sampler == "cps"\n'  # a sampler, not an algorithm: allowed
+    )
+    assert algorithm_name_comparisons(source, {"mixgrpo", "grpo"}) == [f"{source}:1", f"{source}:3", f"{source}:5"]

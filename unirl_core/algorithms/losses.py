@@ -6,7 +6,8 @@ pg    = -A log pi                                           per sample (`reinfor
 kl    = mean((mean_new - mean_ref)^2) / (2 std^2)           per sample (Gaussian steps of equal std)
 
 A policy loss returns its per-sample terms [B]; the train stack takes their mean (or a weighted sum when samples
-are left out or a micro-batch trains several denoising steps).
+are left out or a micro-batch trains several denoising steps). Which algorithm uses which: its module
+(`algorithms/<name>.py`).
 """
 
 from __future__ import annotations
@@ -84,17 +85,6 @@ def divergence_mask_loss(result, logp_old_B, mean_old, advantages_B, kl_threshol
     return terms, metrics
 
 
-def policy_loss(algorithm, result, logp_old_B, mean_old, advantages_B):
-    """The per-sample policy terms [B] of `algorithm.name` for one trained step and its diagnostics."""
-    if algorithm.name == "reinforce":
-        return policy_gradient_loss(result.log_prob, logp_old_B, advantages_B, algorithm.clip_range)
-    if algorithm.name == "grpo_guard":
-        return ratio_norm_loss(result, logp_old_B, mean_old, advantages_B, algorithm.clip_range)
-    if algorithm.name == "flow_dppo":
-        return divergence_mask_loss(result, logp_old_B, mean_old, advantages_B, algorithm.kl_threshold)
-    return ppo_clip_loss(result.log_prob, logp_old_B, advantages_B, algorithm.clip_range)
-
-
 def nft_preference(advantages_B: torch.Tensor, adv_clip: float) -> torch.Tensor:
     """DiffusionNFT's optimality weight r = 1/2 + 1/2 clip(A / adv_clip, -1, 1) in [0, 1] (A: the group-normalized
     advantage; the reference's r = clamp(A_clipped / adv_clip / 2 + 0.5, 0, 1))."""
@@ -131,11 +121,6 @@ def nft_loss(x0_new, x0_old, x0, r_B, nft_beta: float, adv_clip: float):
 def prediction_mse(prediction: torch.Tensor, reference: torch.Tensor) -> torch.Tensor:
     """Per-sample mean squared difference [B] of two model outputs (DiffusionNFT's KL term: velocity to the base)."""
     return _mean_over_elements((prediction.float() - reference.float()) ** 2)
-
-
-NEEDS_OLD_MEAN = {"grpo_guard", "flow_dppo"}  # losses that read pi_old's step means
-LIKELIHOOD_FREE = {"diffusion_nft"}  # trained on fresh noisings of the rollout's final latent (no stored steps)
-SINGLE_UPDATE = {"reinforce"}  # on-policy: exactly one update per rollout
 
 
 def gaussian_kl(mean_new: torch.Tensor, mean_ref: torch.Tensor, std: torch.Tensor) -> torch.Tensor:

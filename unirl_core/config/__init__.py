@@ -1,24 +1,29 @@
-"""Typed recipes: models, loading with env interpolation and dotted overrides, resolved printing."""
+"""Typed recipes: models, loading with env interpolation and dotted overrides, resolved printing.
 
-from unirl_core.config.recipe import (
-    RecipeError,
-    RecipeIssue,
-    dump_resolved,
-    load_recipe,
-    packaged_recipes,
-    recipe_from_tree,
-)
-from unirl_core.config.schema import DataConfig, Recipe, SamplingConfig, TrainConfig
+The names below load on first use (PEP 562), so that `unirl_core.config.schema_base` can be imported by the
+modules the schema itself imports (each algorithm's config) without a circle through this package.
+"""
 
-__all__ = [
-    "DataConfig",
-    "Recipe",
-    "RecipeError",
-    "RecipeIssue",
-    "SamplingConfig",
-    "TrainConfig",
-    "dump_resolved",
-    "load_recipe",
-    "packaged_recipes",
-    "recipe_from_tree",
-]
+from __future__ import annotations
+
+import importlib
+
+_HOMES = {
+    "RecipeError": "recipe",
+    "RecipeIssue": "recipe",
+    "dump_resolved": "recipe",
+    "load_recipe": "recipe",
+    "packaged_recipes": "recipe",
+    "recipe_from_tree": "recipe",
+    "DataConfig": "schema",
+    "Recipe": "schema",
+    "SamplingConfig": "schema",
+    "TrainConfig": "schema",
+}
+__all__ = sorted(_HOMES)
+
+
+def __getattr__(name: str):
+    if name not in _HOMES:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    return getattr(importlib.import_module(f"{__name__}.{_HOMES[name]}"), name)

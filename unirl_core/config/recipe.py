@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 import yaml
-from pydantic import BaseModel, ValidationError
+from pydantic import BaseModel, Tag, ValidationError
 
 from unirl_core.config.schema import Recipe
 from unirl_core.errors import UserError
@@ -114,7 +114,7 @@ def recipe_from_tree(
     try:
         recipe = Recipe.model_validate(tree)
     except ValidationError as exc:
-        raise RecipeError(source, validation_issues(exc)) from None
+        raise RecipeError(source, validation_issues(exc, Recipe, tree)) from None
     issues = [RecipeIssue(path, value, message) for path, value, message in recipe.problems()]
     if issues:
         raise RecipeError(source, issues)
@@ -252,14 +252,15 @@ def _join(path: str, part: str) -> str:
     return f"{path}.{part}" if path else part
 
 
-def validation_issues(error: ValidationError, root: type[BaseModel] = Recipe) -> list[RecipeIssue]:
-    """One issue per problem pydantic found validating `root` (any config model): the dotted key, the value given
-    and the fix, "did you mean" for an unknown key; no pydantic URL or error type."""
-    return [_issue_from_pydantic(err, root) for err in error.errors(include_url=False)]
+def validation_issues(error: ValidationError, root: type[BaseModel] = Recipe, data: Any = None) -> list[RecipeIssue]:
+    """One issue per problem pydantic found validating `root` (any config model) from `data`: the dotted key, the
+    value given and the fix, "did you mean" for an unknown key; no pydantic URL or error type."""
+    return [_issue_from_pydantic(err, root, data) for err in error.errors(include_url=False)]
 
 
-def _issue_from_pydantic(err: dict, root: type[BaseModel]) -> RecipeIssue:
-    loc = [str(p) for p in err["loc"]]
+def _issue_from_pydantic(err: dict, root: type[BaseModel], data: Any = None) -> RecipeIssue:
+    raw = [str(p) for p in err["loc"]]
+    loc, _ = _walk(raw, root, data)  # without the union tags pydantic puts in the path
     path = ".".join(loc)
     value = err.get("input", _MISSING)
     if err["type"] == "missing":
@@ -268,7 +269,7 @@ def _issue_from_pydantic(err: dict, root: type[BaseModel]) -> RecipeIssue:
         message = str(err.get("ctx", {}).get("error", err["msg"]))
         return RecipeIssue(path, _SECTION if isinstance(value, Mapping) else value, message)
     if err["type"] == "extra_forbidden":
-        return RecipeIssue(path, value, unknown_key_message(loc[-1], _allowed_keys(loc[:-1], root)))
+        return RecipeIssue(path, value, unknown_key_message(raw[-1], _allowed_keys(raw[:-1], root, data)))
     return RecipeIssue(path, value, err["msg"])
 
 
@@ -280,21 +281,55 @@ def unknown_key_message(key: str, allowed: Sequence[str]) -> str:
     return f"unknown key; {suggestion}{allowed_text}"
 
 
-def _allowed_keys(loc: Sequence[str], root: type[BaseModel]) -> list[str]:
+def _allowed_keys(loc: Sequence[str], root: type[BaseModel], data: Any = None) -> list[str]:
     """The keys of the section at `loc` under `root`, through nested models, mappings and lists of them."""
+    _, annotation = _walk(loc, root, data)
+    model = _model_class(annotation)
+    return list(model.model_fields) if model else []
+
+
+def _walk(loc: Sequence[str], root: type[BaseModel], data: Any = None) -> tuple[list[str], Any]:
+    """`loc` without the tags of tagged unions (`train.algorithm` is one config class per algorithm name), and the
+    annotation it reaches (None past an unknown key). `data`: the validated tree, where a member's type depends on
+    it (an algorithm named by `module:Class` brings its own config class)."""
     annotation: Any = root
+    shown: list[str] = []
     for part in loc:
+        members = _tagged_members(annotation)
+        if part in members:  # pydantic's path names the union member: step into it, show nothing
+            annotation = _plugin_config_class(data) if part == "plugin" else members[part]
+            continue
+        shown.append(part)
+        data = data.get(part) if isinstance(data, Mapping) else None
         container = _container_item(annotation)
         if container is not None:  # `part` is a key or an index of a mapping/list: step to its items' type
             annotation = container
             continue
         model = _model_class(annotation)
         field = model.model_fields.get(part) if model else None
-        if field is None:
-            return []
-        annotation = field.annotation
-    model = _model_class(annotation)
-    return list(model.model_fields) if model else []
+        annotation = field.annotation if field is not None else None
+    return shown, annotation
+
+
+def _plugin_config_class(section: Any) -> Any:
+    """The config class of the algorithm a `train.algorithm` section names by `module:Class` (None if it cannot
+    be imported: that error is reported on its own)."""
+    from unirl_core.algorithms.registry import algorithm_class
+
+    try:
+        return algorithm_class(section["name"]).config_class
+    except (KeyError, TypeError, ValueError):
+        return None
+
+
+def _tagged_members(annotation: Any) -> dict[str, Any]:
+    """{tag: member type} of a union of `Annotated[X, Tag(...)]` members (a callable-discriminated union)."""
+    members = {}
+    for arg in typing.get_args(annotation) if typing.get_origin(annotation) in (typing.Union, types.UnionType) else ():
+        tags = [m.tag for m in getattr(arg, "__metadata__", ()) if isinstance(m, Tag)]
+        if tags:
+            members[tags[0]] = typing.get_args(arg)[0]
+    return members
 
 
 def _container_item(annotation: Any) -> Any:
@@ -324,6 +359,8 @@ class _UniqueKeyLoader(yaml.SafeLoader):
 
 
 def _model_class(annotation: Any) -> type[BaseModel] | None:
+    if typing.get_origin(annotation) is typing.Annotated:
+        annotation = typing.get_args(annotation)[0]
     if isinstance(annotation, type) and issubclass(annotation, BaseModel):
         return annotation
     if typing.get_origin(annotation) in (typing.Union, types.UnionType):

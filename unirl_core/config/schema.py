@@ -12,10 +12,12 @@ Batch arithmetic (global, per rollout):
 from __future__ import annotations
 
 from collections.abc import Iterator
-from typing import Annotated, Literal
+from typing import Annotated, Literal, Union
 
-from pydantic import Field, model_validator
+from pydantic import BeforeValidator, Discriminator, Field, SerializeAsAny, Tag, model_validator
 
+from unirl_core.algorithms.config import AlgorithmConfig
+from unirl_core.algorithms.registry import BUILT_IN, algorithm_class, algorithm_config, builtin_configs
 from unirl_core.config.ingest import IngestConfig
 from unirl_core.config.precache import PrecacheConfig
 from unirl_core.config.schema_base import Count, OptionalStr, Problem, Seed, StrictModel
@@ -166,248 +168,34 @@ class ModelConfig(StrictModel):
     memory at any resolution; images differ slightly from untiled decoding at the tile seams."""
 
 
-class SDEWindowConfig(StrictModel):
-    """An SDE window (Flow-GRPO-Fast, MixGRPO): only `size` consecutive denoising steps are stochastic and trained;
-    every other step is a deterministic ODE step (no log-prob, no training forward). The window's first step is
-    chosen per RL step within [`start`, `end` - `size`]; every sample of a step shares the window."""
-
-    size: Annotated[Count, Field(ge=1)] = 2
-    """Denoising steps in the window (Flow-GRPO-Fast: 1 or 2; MixGRPO: 4 of 25)."""
-
-    start: Annotated[Count, Field(ge=0)] = 0
-    """First denoising step a window may cover."""
-
-    end: Annotated[Count, Field(ge=1)] | None = None
-    """Windows end at or before this step (exclusive); empty: the last denoising step."""
-
-    end_fraction: Annotated[float, Field(gt=0, le=1)] | None = None
-    """Instead of `end`: windows end by int(n x end_fraction) of the n denoising steps (FlowDPPO's first half)."""
-
-    mode: Literal["fixed", "random", "sliding", "subset"] = "random"
-    """`fixed`: always [start, start + size). `random` (Flow-GRPO-Fast): the window's first step uniform in its
-    range, drawn per RL step from (sampling.seed, step). `sliding` (MixGRPO): starts at `start` and moves `stride`
-    steps every `shift_every` RL steps, back to `start` after the last position. `subset` (FlowDPPO): `size`
-    distinct steps of the range drawn per RL step, not necessarily adjacent. Every mode is a function of the RL
-    step, so a resumed run continues on the window it had."""
-
-    shift_every: Annotated[Count, Field(ge=1)] = 25
-    """`sliding`: RL steps between moves (MixGRPO's shift interval)."""
-
-    stride: Annotated[Count, Field(ge=1)] = 1
-    """`sliding`: denoising steps moved per shift."""
-
-    post_compress: Annotated[float, Field(gt=0, lt=1)] | None = None
-    """MixGRPO-Flash's `dpm_post_compress_ratio`: the k ODE steps after the window run as
-    max(int((k + 1) x ratio) - 1, 1) steps over evenly spaced grid points (25 steps, window 0-3, 0.4: 7 instead of
-    21), fewer forwards per rollout; pair it with `ode_solver: dpm2m`. Empty: every grid step runs."""
+def _algorithm_tag(value) -> str:
+    """The union member of a `train.algorithm` section: its `name` (grpo when left out), `plugin` for an algorithm
+    named by `package.module:ClassName`."""
+    name = value.get("name", "grpo") if isinstance(value, dict) else getattr(value, "name", "grpo")
+    return "plugin" if isinstance(name, str) and ":" in name else name
 
 
-# What each named algorithm sets when the recipe leaves a key out (the paper's or reference code's defaults; every
-# key stays overridable). `sampling.share_group_noise` is set by TrainConfig for the names in SHARED_NOISE.
-PRESETS: dict[str, dict] = {
-    "grpo": {},
-    "reinforce": {},
-    # Flow-GRPO-Fast (yifan123/flow_grpo config/base.py: sde_window_size 2, range (0, num_steps)): SDE and training
-    # on a random 2-step window per RL step, ODE elsewhere
-    "flow_grpo_fast": {"sde_window": {"mode": "random", "size": 2}},
-    # MixGRPO (Tencent-Hunyuan/MixGRPO, FLUX scripts): a 4-step window sliding 1 step every 25 iterations, cycling;
-    # the last steps are never in it; siblings share their initial noise
-    "mixgrpo": {"sde_window": {"mode": "sliding", "size": 4, "shift_every": 25, "stride": 1},
-                "exclude_last_step": True, "std_ddof": 1, "adv_eps": 1e-8},
-    # MixGRPO-Flash (the same repository's MixGRPO_Flash script): MixGRPO with the window moving every 20 iterations
-    # and the ODE after it on DPM-Solver++ 2M over 0.4 of its steps
-    "mixgrpo_flash": {"sde_window": {"mode": "sliding", "size": 4, "shift_every": 20, "stride": 1,
-                                     "post_compress": 0.4},
-                      "ode_solver": "dpm2m", "exclude_last_step": True, "std_ddof": 1, "adv_eps": 1e-8},
-    # DanceGRPO (XueZeyue/DanceGRPO, FLUX): SDE with std eta (0.3) on every step, a random int(0.6 n) of the n - 1
-    # first steps trained per sample; siblings share their initial noise
-    "dancegrpo": {"sde_type": "dance", "eta": 0.3, "timestep_fraction": 0.6, "step_rounding": "floor",
-                  "train_timesteps": "random", "untrained_steps": "sde", "exclude_last_step": True, "std_ddof": 1,
-                  "adv_eps": 1e-8},
-    # GRPO-Guard (arXiv 2510.22319; flow_grpo config/grpo_guard.py): RatioNorm + 1/|dt| step reweighting, clip 2e-6,
-    # Flow-GRPO's full-SDE sampler with int(0.99 n) trained steps
-    "grpo_guard": {"clip_range": 2e-6, "timestep_fraction": 0.99, "step_rounding": "floor", "untrained_steps": "sde"},
-    # FlowDPPO (Tencent-Hunyuan/UniRL FlowDPPO/config.yaml): 3 SDE steps drawn per rollout from the first half,
-    # ODE elsewhere, a KL trust-region mask at 1e-5 instead of clipping, 2 updates per rollout
-    "flow_dppo": {"sde_window": {"mode": "subset", "size": 3, "end_fraction": 0.5}, "num_updates_per_batch": 2},
-    # DiffusionNFT (NVlabs/DiffusionNFT config/nft.py + base.py, SD3.5-M): ODE rollouts from the old policy, int(0.99 n)
-    # grid timesteps per sample drawn at random, advantages by prompt text over a batch-wide std, KL 1e-4 to the base;
-    # its rollouts run DPM-Solver++ 2M (config/nft.py: sample.solver "dpm2")
-    "diffusion_nft": {"group_by": "prompt", "std_mode": "batch", "timestep_fraction": 0.99, "step_rounding": "floor",
-                      "train_timesteps": "random", "beta": 1e-4, "ode_solver": "dpm2m"},
-}  # fmt: skip
-SHARED_NOISE = {"mixgrpo", "mixgrpo_flash", "dancegrpo"}
+def _plugin_config(value):
+    """A `package.module:ClassName` algorithm's section, validated by its own config class."""
+    from unirl_core.algorithms.registry import algorithm_config
+
+    return algorithm_config(value)
 
 
-class AlgorithmConfig(StrictModel):
-    """The RL algorithm: its loss, which denoising steps are stochastic and trained, and the advantage conventions.
-    A named algorithm fills the keys a recipe leaves out with its paper's defaults (`PRESETS`)."""
-
-    name: Literal[
-        "grpo",
-        "reinforce",
-        "flow_grpo_fast",
-        "mixgrpo",
-        "mixgrpo_flash",
-        "dancegrpo",
-        "grpo_guard",
-        "flow_dppo",
-        "diffusion_nft",
-    ] = "grpo"
-    """`grpo`: PPO-clip on per-step ratios to pi_old (Flow-GRPO, DDPO's PPO); several updates per rollout are
-    allowed. `reinforce`: the on-policy gradient -A log pi (DDPO's PG), exactly one update per rollout.
-    `flow_grpo_fast`: grpo on a random 2-step SDE window, ODE elsewhere. `mixgrpo`: grpo on a sliding 4-step window
-    (moves every 25 RL steps), shared group noise; `mixgrpo_flash`: the same, with the ODE steps after the window
-    thinned to 0.4 and run with DPM-Solver++ 2M (`post_compress`, `ode_solver`). `dancegrpo`: grpo with DanceGRPO's SDE (eta 0.3) on every step,
-    a random 60% of the steps trained per sample, shared group noise. `grpo_guard`: PPO-clip on RatioNorm-ed ratios,
-    each step's loss divided by |dt| (clip 2e-6). `flow_dppo`: -A ratio masked by a KL trust region
-    (`kl_threshold`) instead of clipping, on 3 random SDE steps of the first half. `diffusion_nft`: DiffusionNFT's
-    reward-weighted flow-matching loss on fresh noisings of deterministic (ODE) rollouts of a lagging old policy
-    (`nft_beta`, `old_decay_*`); no log-probs, any sampler; `beta` is its velocity MSE to the base. See `PRESETS`."""
-
-    nft_beta: Annotated[float, Field(gt=0)] = 1.0
-    """`diffusion_nft`: the implicit policies' strength beta, v+ = beta v + (1 - beta) v_old and
-    v- = (1 + beta) v_old - beta v (the reference's `config.beta`: 1.0; 0.1 for its OCR and multi-reward runs)."""
-
-    old_decay_rate: Annotated[float, Field(ge=0)] = 0.001
-    """`diffusion_nft`: the old (rollout) policy follows the trained one after every RL step,
-    old <- d old + (1 - d) new, d = min(old_decay_rate (n - old_decay_start), old_decay_max) after n optimizer steps
-    (0 before `old_decay_start`). The reference's decay_type 1: 0.001, 0, 0.5; decay_type 2 (OCR): 0.0075, 75, 0.999."""
-
-    old_decay_start: Annotated[Count, Field(ge=0)] = 0
-    """`diffusion_nft`: optimizer steps before the old policy starts to lag (it equals the trained one until then)."""
-
-    old_decay_max: Annotated[float, Field(ge=0, lt=1)] = 0.5
-    """`diffusion_nft`: the old policy's largest decay."""
-
-    sde_type: Literal["sde", "cps", "dance"] = "sde"
-    """Flow families' stochastic step: Flow-GRPO's SDE (`sde`, std eta sqrt(sigma / (1 - sigma)) sqrt(|dt|)),
-    Coefficients-Preserving Sampling (`cps`, arXiv 2509.05952: std sigma_next sin(eta pi / 2), the noise level kept
-    exact; flow_grpo's Fast configs use it with eta 0.8), or DanceGRPO's (`dance`, std eta sqrt(|dt|)). DDIM
-    families (sd15, sdxl) take `sde` (their eta sampler) only."""
-
-    ode_solver: Literal["euler", "dpm2m"] = "euler"
-    """Deterministic (eta 0) rollout steps after the last SDE step: the family's own first-order step (`euler`:
-    flow matching's Euler step, DDIM's eta-0 step) or DPM-Solver++ 2M (`dpm2m`: second order from the previous
-    step's x0 prediction, diffusers' DPMSolverMultistepScheduler at the same model forwards; DiffusionNFT's `dpm2`
-    rollouts, MixGRPO-Flash after its window). The first and last steps stay first order. Evaluation images use
-    the family's own step (as both references evaluate)."""
-
-    exclude_last_step: bool = False
-    """The last denoising step (to sigma 0) is never stochastic or trained (DanceGRPO, MixGRPO; `cps` has no noise
-    there, so with `cps` the last step is always excluded)."""
-
-    @model_validator(mode="before")
-    @classmethod
-    def _fill_preset(cls, data):
-        """The named algorithm's defaults under the recipe's keys (a partial `sde_window` merges into the preset's)."""
-        if not isinstance(data, dict):
-            return data
-        preset = PRESETS.get(data.get("name", "grpo"), {})
-        merged = {**preset, **data}
-        if isinstance(preset.get("sde_window"), dict) and isinstance(data.get("sde_window"), dict):
-            merged["sde_window"] = {**preset["sde_window"], **data["sde_window"]}
-        return merged
-
-    kl_threshold: Annotated[float, Field(gt=0)] = 1e-5
-    """`flow_dppo`: the trust region, on the step KL to pi_old averaged over latent elements (UniRL's 1e-5)."""
-
-    eta: Annotated[float, Field(ge=0)] = 0.7
-    """Sampler noise level: flow SDE `eta` (sd3) or DDIM `eta` (sd15, 1.0 is DDPO's)."""
-
-    timestep_fraction: Annotated[float, Field(gt=0, le=1)] = 1.0
-    """Fraction of the denoising steps (of the `sde_window` when set) that are trained: the first ones (early,
-    high-noise), or a random subset per sample with `train_timesteps: random`. How many: see `step_rounding`."""
-
-    step_rounding: Literal["round", "floor"] = "round"
-    """Trained steps = round(n x timestep_fraction) (`round`, at least 1) or int(n x timestep_fraction) (`floor`,
-    at least 1: flow_grpo and DDPO). 10 steps x 0.99: 10 with `round`, 9 with `floor`."""
-
-    train_timesteps: Literal["first", "random"] = "first"
-    """Which steps are trained: the `first` ones (Flow-GRPO), or a `random` subset per sample, drawn from
-    (seed, step, sample id) (DDPO, DanceGRPO); `random` runs every candidate step stochastically."""
-
-    untrained_steps: Literal["ode", "sde"] = "ode"
-    """Denoising steps that are not trained (outside an `sde_window`: always `ode`): deterministic (`ode`, eta 0:
-    the sample then depends on the trained steps' noise only) or with the SDE noise too (`sde`: flow_grpo, DDPO)."""
-
-    sde_window: SDEWindowConfig | None = None
-    """Train on a window of SDE steps, ODE elsewhere (Flow-GRPO-Fast, MixGRPO); empty: every step is a candidate."""
-
-    clip_range: Annotated[float, Field(gt=0)] = 1e-4
-    """PPO clip range epsilon on the per-step ratio."""
-
-    adv_clip: Annotated[float, Field(gt=0)] = 5.0
-    """Advantages are clipped to [-adv_clip, adv_clip]."""
-
-    std_mode: Literal["group", "batch", "per_prompt"] = "group"
-    """Advantage normalization: `group` (GRPO: each group's mean and std), `batch` (group mean, one batch-wide std:
-    steadier when rewards within a group are nearly equal), or `per_prompt` (DDPO's tracker: each prompt's recent
-    rewards, see `tracker_buffer_size` and `tracker_min_count`)."""
-
-    std_ddof: Annotated[int, Field(ge=0, le=1)] = 0
-    """`group` and `batch` std: the population std (0: flow_grpo's np.std) or the N - 1 one (1: DanceGRPO's and
-    MixGRPO's torch .std(); a group of 4 gets advantages sqrt(3/4) = 0.87x as large)."""
-
-    adv_eps: Annotated[float, Field(gt=0)] = 1e-4
-    """Added to the std before dividing (flow_grpo 1e-4; DanceGRPO and MixGRPO 1e-8)."""
-
-    tracker_buffer_size: Annotated[Count, Field(ge=1)] = 32
-    """`per_prompt`: rewards remembered per prompt."""
-
-    tracker_min_count: Annotated[Count, Field(ge=1)] = 16
-    """`per_prompt`: until a prompt has this many rewards, the batch's mean and std are used."""
-
-    beta: Annotated[float, Field(ge=0)] = 0.0
-    """KL weight to the reference policy (0: no KL term). Its strength depends on `kl_form`."""
-
-    kl_form: Literal["step", "flow_grpo"] = "step"
-    """`step`: the exact KL between the Gaussian step policies, |mean - mean_ref|^2 / (2 std^2) with the step's
-    std (std_t sqrt(|dt|)). `flow_grpo`: flow_grpo's form, the squared mean difference over 2 std_t^2 with the
-    SDE's noise scale std_t without the step's sqrt(|dt|), i.e. the exact KL times |dt|: the same `beta`
-    (flow_grpo's 0.04) is 4-100x weaker per step in this form.
-    DDIM families have no dt: both forms are the exact KL there."""
-
-    cfg_gradient: Literal["both", "detach_uncond"] = "both"
-    """Training forwards with CFG on: gradients flow through both branches (`both`: what flow_grpo's and DDPO's code
-    does) or only the conditional one (`detach_uncond`). The values, and so the ratios, are the same."""
-
-    group_by: Literal["position", "prompt"] = "position"
-    """GRPO groups: the `samples_per_prompt` siblings of one rollout prompt (`position`), or every sample of the
-    step with the same prompt text (`prompt`: flow_grpo; a prompt drawn twice in a step is one group)."""
-
-    drop_zero_advantage: bool = False
-    """Leave samples whose advantage is exactly 0 (e.g. a group with equal rewards) out of the policy loss and its
-    mean (flow_grpo); `false` keeps them (they add nothing to the policy gradient but count in the mean)."""
-
-    learning_rate: Annotated[float, Field(gt=0)] = 3e-4
-    """AdamW learning rate."""
-
-    lr_schedule: Literal["constant", "cosine"] = "constant"
-    """Learning-rate schedule over the run's optimizer steps: `constant`, or `cosine` decay to zero (after the
-    warm-up). Cosine keeps a converged policy from random-walking at full step size once reward variance is small."""
-
-    warmup_steps: Annotated[Count, Field(ge=0)] = 0
-    """Optimizer steps of linear warm-up from 0 to `learning_rate`."""
-
-    max_grad_norm: Annotated[float, Field(gt=0)] = 1.0
-    """Gradient clipping norm."""
-
-    num_updates_per_batch: Annotated[Count, Field(ge=1)] = 1
-    """Disjoint mini-batches (optimizer steps) per rollout; pi_old is frozen once per rollout. Only `grpo` takes
-    more than one: `reinforce` has no ratio to correct for a policy that moved."""
-
-    micro_batch_size: Annotated[Count, Field(ge=1)] = 4
-    """Samples per forward/backward inside a mini-batch (gradient accumulation)."""
-
-    def problems(self) -> Iterator[Problem]:
-        if self.name == "reinforce" and self.num_updates_per_batch > 1:
-            yield (
-                "num_updates_per_batch",
-                self.num_updates_per_batch,
-                "1: `reinforce` is on-policy (no importance ratio), so a second update would use stale samples; "
-                "use name: grpo for several updates per rollout",
-            )
+# `train.algorithm`: one config class per algorithm (its module's), chosen by `name`; each fills the keys a recipe
+# leaves out with its paper's defaults. An algorithm outside unirl (`package.module:ClassName`) brings its own.
+AlgorithmSection = Annotated[
+    Union[  # noqa: UP007 (a union built from the registry)
+        tuple(Annotated[config, Tag(name)] for name, config in builtin_configs().items())
+        + (Annotated[SerializeAsAny[AlgorithmConfig], BeforeValidator(_plugin_config), Tag("plugin")],)
+    ],
+    Discriminator(
+        _algorithm_tag,
+        custom_error_type="algorithm_name",
+        custom_error_message=f"unknown algorithm name: choose one of {', '.join(BUILT_IN)}, or name an Algorithm "
+        "subclass as 'package.module:ClassName'",
+    ),
+]
 
 
 class ClipRewardConfig(StrictModel):
@@ -867,6 +655,13 @@ class CheckpointConfig(StrictModel):
     `step_N.corrupt` and resumes from the previous committed one (its steps are trained again)."""
 
 
+def _shares_group_noise(name) -> bool:
+    try:
+        return isinstance(name, str) and algorithm_class(name).shares_group_noise
+    except ValueError:  # an unknown name: the algorithm section's validation says so
+        return False
+
+
 class TrainConfig(StrictModel):
     """Training: the model, the data and sampling, the algorithm and the reward."""
 
@@ -883,7 +678,7 @@ class TrainConfig(StrictModel):
     model: ModelConfig = ModelConfig()
     """The generator and its LoRA."""
 
-    algorithm: AlgorithmConfig = AlgorithmConfig()
+    algorithm: AlgorithmSection = Field(default_factory=lambda: algorithm_config({}))
     """GRPO settings."""
 
     reward: RewardConfig = RewardConfig()
@@ -940,9 +735,10 @@ class TrainConfig(StrictModel):
     @model_validator(mode="before")
     @classmethod
     def _shared_noise_preset(cls, data):
-        """MixGRPO and DanceGRPO share the initial noise within a group unless the recipe says otherwise."""
+        """Algorithms that share the initial noise within a group (MixGRPO, DanceGRPO) set it unless the recipe says
+        otherwise."""
         algorithm = data.get("algorithm") if isinstance(data, dict) else None
-        if isinstance(algorithm, dict) and algorithm.get("name") in SHARED_NOISE:
+        if isinstance(algorithm, dict) and _shares_group_noise(algorithm.get("name", "grpo")):
             sampling = data.get("sampling", {})
             if isinstance(sampling, dict):
                 data = {**data, "sampling": {"share_group_noise": True, **sampling}}
@@ -950,6 +746,8 @@ class TrainConfig(StrictModel):
 
     def problems(self) -> Iterator[Problem]:
         yield from super().problems()
+        for path, bad, fix in algorithm_class(self.algorithm.name).config_problems(self.algorithm):
+            yield f"algorithm.{path}", bad, fix
         if self.algorithm.beta > 0 and self.model.lora is None:
             yield (
                 "algorithm.beta",
@@ -965,9 +763,7 @@ class TrainConfig(StrictModel):
                 "or keep per_reward with std_mode group or batch",
             )
         window, steps = self.algorithm.sde_window, self.sampling.num_inference_steps
-        if window is not None and self.algorithm.name == "diffusion_nft":
-            yield "algorithm.sde_window", "set", "empty: diffusion_nft rolls out with the ODE (no SDE steps to window)"
-        elif window is not None:
+        if window is not None and not algorithm_class(self.algorithm.name).likelihood_free:
             from unirl_core.rollout.plan import window_end
 
             end = window_end(self.algorithm, steps)

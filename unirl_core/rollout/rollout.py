@@ -10,7 +10,7 @@ from dataclasses import dataclass
 
 import torch
 
-from unirl_core.algorithms.losses import LIKELIHOOD_FREE
+from unirl_core.algorithms.registry import algorithm_class
 from unirl_core.data.groups import RolloutSample
 from unirl_core.rollout.conditions import ConditionLatents, condition_uri
 from unirl_core.rollout.noise import sample_generators
@@ -46,7 +46,7 @@ def start_step(num_steps: int, strength: float) -> int:
 @torch.no_grad()
 def run_rollout(
     adapter, samples: list[RolloutSample], sampling, algorithm, seed: int, conditions=None, step: int = 0
-) -> Rollout:
+) -> Rollout:  # `algorithm`: the `train.algorithm` config
     """Denoise `samples` from their initial noise; prompts with a condition image start image-to-image at
     `start_step`, or, for an edit family (`condition_mode == "reference"`), carry the image in their conditioning
     (a batch is all text-to-image or all with condition images). `conditions`: a ConditionLatents.
@@ -85,7 +85,7 @@ def run_rollout(
     num_steps = len(schedule) - 1
     before, after, logps = [], [], []
     generators = sample_generators(seed, [f"sde:{s.sample_id}" for s in samples], device=x.device)
-    likelihood_free = algorithm.name in LIKELIHOOD_FREE
+    likelihood_free = algorithm_class(algorithm.name).likelihood_free  # records no transitions
     first_multistep = max(plan.sde) + 1 if plan.sde and not likelihood_free else start
     ode = OdeSteps(algorithm.ode_solver, lambda i: adapter.noise_level(i, schedule), num_steps, first_multistep)
     for index in range(start, num_steps):

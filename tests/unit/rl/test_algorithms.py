@@ -16,6 +16,7 @@ import pytest
 import torch
 
 from unirl_core.algorithms.advantages import compute_advantages
+from unirl_core.algorithms.config import AlgorithmConfig
 from unirl_core.algorithms.losses import (
     divergence_mask_loss,
     gaussian_kl,
@@ -25,8 +26,9 @@ from unirl_core.algorithms.losses import (
     prediction_mse,
     ratio_norm_loss,
 )
+from unirl_core.algorithms.registry import algorithm_config
 from unirl_core.config import RecipeError, recipe_from_tree
-from unirl_core.config.schema import AlgorithmConfig, TrainConfig
+from unirl_core.config.schema import TrainConfig
 from unirl_core.rollout.plan import plan_steps
 from unirl_core.rollout.samplers import cps_step, flow_sde_step
 
@@ -49,7 +51,7 @@ def transitions(step=flow_sde_step, **kwargs):
 
 
 def algorithm(**keys) -> AlgorithmConfig:
-    return AlgorithmConfig.model_validate(keys)
+    return algorithm_config(keys)
 
 
 # --- the step plan ------------------------------------------------------------------------------------------------
@@ -346,7 +348,7 @@ def test_nft_gradient_at_the_old_policy_does_not_depend_on_beta():
     ],
 )  # fmt: skip
 def test_old_policy_decay_follows_the_references_schedules(keys, updates, expected):
-    from unirl_core.train.stack import old_policy_decay
+    from unirl_core.algorithms.diffusion_nft import old_policy_decay
 
     config = algorithm(name="diffusion_nft", **keys)
     assert [old_policy_decay(config, n) for n in updates] == pytest.approx(expected)

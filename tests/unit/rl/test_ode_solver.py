@@ -16,7 +16,7 @@ import pytest
 import torch
 from diffusers import DDIMScheduler, DPMSolverMultistepScheduler
 
-from unirl_core.config.schema import AlgorithmConfig
+from unirl_core.algorithms.registry import algorithm_config
 from unirl_core.rollout.ode import OdeSteps
 from unirl_core.rollout.plan import StepPlan, compressed_schedule, plan_steps
 from unirl_core.rollout.samplers import ddim_step, flow_sde_step
@@ -104,7 +104,7 @@ def test_dpm2m_keeps_the_steps_before_first_multistep_and_carries_their_history(
 def test_post_compress_thins_the_steps_after_the_window_to_mixgrpo_flashs_count():
     """25 steps, window 0-3 (last index 3): int((25 - 3) x 0.4) = 8 points from step 4 to 25, 7 steps of 3; the
     window's steps and noise levels are kept."""
-    config = AlgorithmConfig.model_validate({"name": "mixgrpo_flash"})
+    config = algorithm_config({"name": "mixgrpo_flash"})
     assert (
         config.sde_window.post_compress == 0.4 and config.ode_solver == "dpm2m" and config.sde_window.shift_every == 20
     )
@@ -112,17 +112,17 @@ def test_post_compress_thins_the_steps_after_the_window_to_mixgrpo_flashs_count(
     plan = plan_steps(config, 0, 25, step=0, seed=0, sample_ids=["a"])
     assert plan.sde == [0, 1, 2, 3]
     assert compressed_schedule(config, schedule, plan) == [0, 1, 2, 3, 4, 7, 10, 13, 16, 19, 22, 25]
-    half = AlgorithmConfig.model_validate({"name": "mixgrpo_flash", "sde_window": {"post_compress": 0.2}})
+    half = algorithm_config({"name": "mixgrpo_flash", "sde_window": {"post_compress": 0.2}})
     assert compressed_schedule(half, schedule, plan) == [0, 1, 2, 3, 4, 11, 18, 25]  # int(22 x 0.2) = 4 points
     late = StepPlan([20, 21, 22, 23], plan.trained_BJ)  # one step left: nothing to thin
     assert compressed_schedule(config, schedule, late) == schedule
-    assert compressed_schedule(AlgorithmConfig.model_validate({"name": "mixgrpo"}), schedule, plan) == schedule
+    assert compressed_schedule(algorithm_config({"name": "mixgrpo"}), schedule, plan) == schedule
 
 
 @pytest.mark.parametrize("name", ["diffusion_nft", "mixgrpo_flash"])
 def test_the_algorithms_whose_references_roll_out_with_dpm_solver_default_to_it(name):
-    assert AlgorithmConfig.model_validate({"name": name}).ode_solver == "dpm2m"
-    assert AlgorithmConfig.model_validate({"name": "mixgrpo"}).ode_solver == "euler"
+    assert algorithm_config({"name": name}).ode_solver == "dpm2m"
+    assert algorithm_config({"name": "mixgrpo"}).ode_solver == "euler"
 
 
 def test_a_family_stepping_off_the_schedule_refuses_post_compress():
@@ -134,6 +134,6 @@ def test_a_family_stepping_off_the_schedule_refuses_post_compress():
 
     sdxl = SimpleNamespace(name="sdxl", sampler=SDXLFamily.sampler, sde_types=SDXLFamily.sde_types,
                            schedule_indexed=SDXLFamily.schedule_indexed)  # fmt: skip
-    config = AlgorithmConfig.model_validate({"name": "mixgrpo_flash"})
+    config = algorithm_config({"name": "mixgrpo_flash"})
     with pytest.raises(UserError, match="sde_window.post_compress: family 'sdxl'"):
         Family.use_algorithm(sdxl, config)

@@ -150,9 +150,9 @@ def test_lr_schedules_warm_up_then_hold_or_decay_to_zero():
 def test_per_prompt_std_mode_uses_the_tracker_and_clips():
 
     from unirl_core.algorithms.advantages import compute_advantages
-    from unirl_core.config.schema import AlgorithmConfig
+    from unirl_core.algorithms.registry import algorithm_config
 
-    algorithm = AlgorithmConfig(std_mode="per_prompt", tracker_min_count=2, adv_clip=1.5)
+    algorithm = algorithm_config({"std_mode": "per_prompt", "tracker_min_count": 2, "adv_clip": 1.5})
     tracker = PerPromptStatTracker(algorithm.tracker_buffer_size, algorithm.tracker_min_count)
     prompts = ["a", "a", "b", "b"]
     advantages, stats = compute_advantages(algorithm, tracker, prompts, [1.0, 3.0, 10.0, 10.0], 2)
@@ -187,10 +187,10 @@ def test_per_reward_normalization_weighs_rewards_by_their_weights_not_their_rang
     """`reward.normalize: per_reward` (GDPO): each reward normalized within its group, the weighted sum standardized
     over the batch. Two groups of 3; `wide` spans 100s, `narrow` 0.1s and disagrees with it."""
     from unirl_core.algorithms.advantages import compute_advantages, per_reward_advantages
+    from unirl_core.algorithms.registry import algorithm_config
     from unirl_core.config import RecipeError, recipe_from_tree
-    from unirl_core.config.schema import AlgorithmConfig
 
-    algorithm = AlgorithmConfig(adv_eps=1e-4)
+    algorithm = algorithm_config({"adv_eps": 1e-4})
     prompts = ["a"] * 3 + ["b"] * 3
     wide, narrow = [0.0, 100.0, 200.0, 50.0, 150.0, 100.0], [0.3, 0.2, 0.1, 0.1, 0.1, 0.2]
     weights = {"wide": 0.5, "narrow": 1.0}
