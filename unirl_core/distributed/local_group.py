@@ -29,13 +29,13 @@ class LocalGroup:
         self.backends = [self.worker.setup(0, 1, address, port, backend, collective_timeout_s)]
 
     def run(self, method: Callable[..., Any], *args: Any, timeout: float | None = None, **kwargs: Any) -> list[Any]:
-        return [getattr(self.worker, method_name(method))(*args, **kwargs)]
+        return [self.worker.call(method_name(method), *args, **kwargs)]
 
     def scatter(self, method: Callable[..., Any], shares: list[Any], *args: Any, timeout: float | None = None,
                 **kwargs: Any) -> list[Any]:  # fmt: skip
         if len(shares) != 1:
             raise ValueError(f"{len(shares)} shares for 1 worker")
-        return [getattr(self.worker, method_name(method))(shares[0], *args, **kwargs)]
+        return [self.worker.call(method_name(method), shares[0], *args, **kwargs)]
 
     def close(self) -> None:
         self.worker.teardown()

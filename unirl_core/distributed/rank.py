@@ -8,7 +8,9 @@ so a call site and its definition stay linked.
 from __future__ import annotations
 
 import sys
+import traceback
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -16,12 +18,42 @@ import torch.distributed as dist
 
 from unirl_core.distributed.process_group import init_process_group, open_store
 
+DISTRIBUTED = Path(dist.__file__).resolve().parent  # torch/distributed/: collectives, FSDP2's communication, stores
+
+
+class CollectiveError(RuntimeError):
+    """A torch.distributed operation failed on this rank (a collective timed out, its peer is gone, the store is
+    unreachable): a failure of the cluster, not of the computation. Raised by `TorchWorker.call` from the original
+    error (chained), so the controller classifies it by type."""
+
+
+def raised_in_collective(exc: BaseException) -> bool:
+    """Whether `exc` was raised by torch.distributed itself: a `torch.distributed.DistError`, or a RuntimeError whose
+    innermost frame is in torch/distributed (gloo raises plain RuntimeErrors from its C++ collectives, which surface
+    at the Python call that waited on them). An error of the model's or a reward's code is raised elsewhere."""
+    if isinstance(exc, dist.DistError):
+        return True
+    frames = traceback.extract_tb(exc.__traceback__)
+    return (
+        type(exc) is RuntimeError and bool(frames) and Path(frames[-1].filename).resolve().is_relative_to(DISTRIBUTED)
+    )
+
 
 class TorchWorker:
     """One rank. Subclass it for real work; every public method can be called on the whole group."""
 
     store = None  # rank 0's rendezvous store, kept alive with the process group
     gpus: float = 0  # in-process (`LocalGroup`): the recipe's gpus_per_worker; a Ray actor reads its own assignment
+
+    def call(self, name: str, *args: Any, **kwargs: Any) -> Any:
+        """Method `name` with the arguments: how a worker group calls every method, so that a failure of a
+        torch.distributed operation leaves the rank as a `CollectiveError` whatever the method."""
+        try:
+            return getattr(self, name)(*args, **kwargs)
+        except RuntimeError as exc:
+            if raised_in_collective(exc):
+                raise CollectiveError(f"{type(exc).__name__}: {exc}") from exc
+            raise
 
     def rendezvous_address(self, world_size: int, timeout_s: int = 300) -> tuple[str, int]:
         """Rank 0, before `setup`: open the process group's store on this node; returns where the ranks meet."""
@@ -54,9 +86,9 @@ class TorchWorker:
         device in this process, else the CPU."""
         if not (gpus and torch.cuda.is_available()):
             return torch.device("cpu")
-        import ray
-
-        return torch.device("cuda", 0 if ray.is_initialized() and ray.get_gpu_ids() else torch.cuda.current_device())
+        ray = sys.modules.get("ray")  # not imported: not a Ray actor (`unirl train --local` needs no Ray)
+        in_ray = ray is not None and ray.is_initialized() and ray.get_gpu_ids()
+        return torch.device("cuda", 0 if in_ray else torch.cuda.current_device())
 
     def all_reduce_sum(self, values: list[float]) -> list[float]:
         tensor = torch.tensor(values, dtype=torch.float64)

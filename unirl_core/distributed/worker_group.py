@@ -9,7 +9,6 @@ removes the placement group, so a failed call never leaves CPUs held for the nex
 from __future__ import annotations
 
 import contextlib
-import re
 from collections.abc import Callable
 from typing import Any
 
@@ -17,7 +16,7 @@ import ray
 from ray.util.placement_group import placement_group, remove_placement_group
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
-from unirl_core.distributed.rank import TorchWorker, method_name
+from unirl_core.distributed.rank import CollectiveError, TorchWorker, method_name
 from unirl_core.distributed.worker_env import WorkerEnv, adopt_secrets
 from unirl_core.errors import UserError
 from unirl_core.io.storage import is_permanent
@@ -30,13 +29,11 @@ LOST = (
     ray.exceptions.NodeDiedError,
     ray.exceptions.WorkerCrashedError,
 )
-# A collective (gloo / nccl) timing out or losing its peer, raised inside a live worker.
-COLLECTIVE_FAILURE = re.compile(r"gloo|nccl|Connection closed by peer|Connection reset by peer|timed out", re.I)
 
 
 class WorkerLostError(RuntimeError):
-    """A worker (Ray actor) died or became unreachable mid-round: retryable, the round resumes from its last
-    committed checkpoint."""
+    """A worker (Ray actor) died or became unreachable, mid-round or while the group started, or a collective
+    between the workers failed: retryable, the round resumes from its last committed checkpoint."""
 
 
 class PlacementError(UserError, RuntimeError):
@@ -79,17 +76,13 @@ class WorkerGroup:
                 ).remote()
                 for i in range(world_size)
             ]
+            # every start call through `_get`: a worker lost while the group starts is a retryable WorkerLostError
             if env.secrets:
-                ray.get([w.__ray_call__.remote(adopt_secrets, env.secrets) for w in self.workers])
-            master_addr, master_port = ray.get(
-                self.workers[0].rendezvous_address.remote(world_size, collective_timeout_s)
-            )
-            self.backends = ray.get(
-                [
-                    w.setup.remote(i, world_size, master_addr, master_port, backend, collective_timeout_s)
-                    for i, w in enumerate(self.workers)
-                ]
-            )
+                self._get([w.__ray_call__.remote(adopt_secrets, env.secrets) for w in self.workers], None)
+            (master_addr, master_port), *_ = self.run(TorchWorker.rendezvous_address, world_size, collective_timeout_s,
+                                                      ranks=[0])  # fmt: skip
+            self.backends = self.scatter(TorchWorker.setup, list(range(world_size)), world_size, master_addr,
+                                         master_port, backend, collective_timeout_s)  # fmt: skip
         except BaseException:
             self.close()
             raise
@@ -109,11 +102,13 @@ class WorkerGroup:
                 "worker, free the cluster, or add nodes"
             ) from None
 
-    def run(self, method: Callable[..., Any], *args: Any, timeout: float | None = None, **kwargs: Any) -> list[Any]:
-        """Broadcast: call `method` (a worker method by reference) on every rank with the same arguments; results
-        in rank order."""
+    def run(self, method: Callable[..., Any], *args: Any, timeout: float | None = None, ranks: list[int] | None = None,
+            **kwargs: Any) -> list[Any]:  # fmt: skip
+        """Broadcast: call `method` (a worker method by reference) on every rank (or `ranks`) with the same
+        arguments; results in rank order."""
         name = method_name(method)
-        return self._get([getattr(w, name).remote(*args, **kwargs) for w in self.workers], timeout)
+        workers = self.workers if ranks is None else [self.workers[r] for r in ranks]
+        return self._get([w.call.remote(name, *args, **kwargs) for w in workers], timeout)
 
     def scatter(self, method: Callable[..., Any], shares: list[Any], *args: Any, timeout: float | None = None,
                 **kwargs: Any) -> list[Any]:  # fmt: skip
@@ -121,11 +116,11 @@ class WorkerGroup:
         if len(shares) != len(self.workers):
             raise ValueError(f"{len(shares)} shares for {len(self.workers)} workers")
         name = method_name(method)
-        calls = [getattr(w, name).remote(share, *args, **kwargs) for w, share in zip(self.workers, shares, strict=True)]
+        calls = [w.call.remote(name, share, *args, **kwargs) for w, share in zip(self.workers, shares, strict=True)]
         return self._get(calls, timeout)
 
     def _get(self, refs: list[Any], timeout: float | None) -> list[Any]:
-        """Gather; a dead actor (or a peer's collective failing because of it) becomes WorkerLostError."""
+        """Gather; a dead actor, or a collective failing (`CollectiveError`, by type), becomes WorkerLostError."""
         try:
             pending = list(refs)
             while pending:  # fail at the first error: a peer of a dead rank would wait for its collective timeout
@@ -140,8 +135,8 @@ class WorkerGroup:
             dead = self.dead_ranks()
             if dead:
                 raise WorkerLostError(f"training worker rank(s) {dead} died; a peer failed with: {exc}") from exc
-            if COLLECTIVE_FAILURE.search(str(exc)):
-                raise WorkerLostError(f"a collective between the training workers failed: {exc}") from exc
+            if isinstance(exc.cause, CollectiveError):
+                raise WorkerLostError(f"a collective between the training workers failed: {exc.cause}") from exc
             # the worker's own error and message, not Ray's remote traceback: a user error or a full/read-only disk
             # (permanent) or an unreachable scorer (ScorerUnavailableError, a ConnectionError: transient, retried)
             if isinstance(exc.cause, UserError | ConnectionError) or is_permanent(exc.cause):
@@ -176,4 +171,4 @@ def _resources(resources: dict[str, float], names: dict[str, float]) -> str:
     return "{" + ", ".join(f"{name}: {float(resources.get(name, 0)):g}" for name in names) + "}"
 
 
-__all__ = ["COLLECTIVE_FAILURE", "LOST", "PlacementError", "TorchWorker", "WorkerGroup", "WorkerLostError"]
+__all__ = ["LOST", "PlacementError", "TorchWorker", "WorkerGroup", "WorkerLostError"]
