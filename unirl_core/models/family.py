@@ -387,13 +387,14 @@ class Family(ABC):
         }
         # PeftModel's own layout: keys under base_model.model., the config with the base model's location
         save_file({f"base_model.model.{k}": v for k, v in state.items()}, str(folder / "adapter_model.safetensors"))
-        peft_config = self.trainable.peft_config["default"]
+        peft_config = sorted_sets(self.trainable.peft_config["default"])
         peft_config.base_model_name_or_path = f"{base_path}/{self.denoiser_name}"
         peft_config.save_pretrained(str(folder))
         getattr(diffusers, self.pipeline_class).save_lora_weights(
             str(folder), **{f"{self.denoiser_name}_lora_layers": state,
                             f"{self.denoiser_name}_lora_adapter_metadata": peft_config.to_dict()},
         )  # fmt: skip
+        canonical_header(folder / "pytorch_lora_weights.safetensors")
 
     def export_merged(self, folder: Path, base_path: str) -> None:
         """The whole pipeline with the LoRA merged into the denoiser's base weights (`save_pretrained`)."""
@@ -412,6 +413,36 @@ class Family(ABC):
         base = type(self)(base_path, dtype=str(self.dtype).removeprefix("torch."), lora=None)
         getattr(base.pipeline, self.denoiser_name).load_state_dict(merged, strict=True)
         base.pipeline.save_pretrained(str(folder))
+
+
+def canonical_header(path: Path) -> None:
+    """Rewrite a safetensors file's JSON header with sorted keys (the tensor data untouched: its offsets are relative
+    to the data that follows the header). safetensors writes `__metadata__` in its Rust map's per-process order, so
+    the same tensors and metadata would give different bytes from each process."""
+    import json
+    import struct
+
+    from unirl_core.io.storage import write_bytes_atomic
+
+    data = path.read_bytes()
+    (length,) = struct.unpack("<Q", data[:8])
+    header = json.dumps(json.loads(data[8 : 8 + length]), sort_keys=True, separators=(",", ":")).encode()
+    header += b" " * (-len(header) % 8)  # the format's 8-byte alignment of the data
+    write_bytes_atomic(str(path), struct.pack("<Q", len(header)) + header + data[8 + length :])
+
+
+def sorted_sets(peft_config):
+    """A copy of `peft_config` whose set-valued fields (`target_modules`, ...) are sorted lists: peft keeps them as
+    sets, which each process writes in its own hash order, so identical weights would export different bytes."""
+    import copy
+    import dataclasses
+
+    config = copy.deepcopy(peft_config)
+    for field in dataclasses.fields(config):
+        value = getattr(config, field.name)
+        if isinstance(value, set | frozenset):
+            setattr(config, field.name, sorted(value, key=str))
+    return config
 
 
 class PooledConditioning:
