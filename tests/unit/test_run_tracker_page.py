@@ -149,12 +149,12 @@ def test_the_image_card_opens_on_the_first_grid_of_each_key():
     from types import SimpleNamespace
 
     from unirl_core.config import load_recipe
-    from unirl_core.trainer.controller import Controller
+    from unirl_core.trainer.grids import Grids
     from unirl_core.trainer.plan import plan_rounds
 
     config = load_recipe("demo", ["train.steps=8", "train.steps_per_round=2", "train.eval_every_rounds=3"]).train
     rl = [r for r in plan_rounds(config) if r.stage == "rl"]  # 4 rounds; evaluated: rounds 2 and 3 (the last)
-    numbers = {key: [Controller.grid_number(SimpleNamespace(config=config, round=r), key) for r in rl]
+    numbers = {key: [Grids.grid_number(SimpleNamespace(config=config, round=r), key) for r in rl]
                for key in ("samples", "eval")}  # fmt: skip
     assert numbers["samples"] == [0, 1, 2, 3]
     assert [numbers["eval"][i] for i in (2, 3)] == [0, 1]  # MLflow's card opens at step 0: the first eval grid

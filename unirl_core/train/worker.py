@@ -17,9 +17,28 @@ import torch
 from unirl_core.distributed.rank import TorchWorker
 
 
+def rl_stack(worker, config, served):
+    """RL: the reward service (colocated models, or the dedicated actors in `served`) and the algorithm's stack."""
+    from unirl_core.rewards.service import RewardService
+    from unirl_core.train.stack import build_stack
+
+    worker.rewards = RewardService.from_config(config.reward, device=str(worker.device), served=served)
+    updates = config.steps * config.algorithm.num_updates_per_batch
+    return build_stack(worker.adapter, config.algorithm, total_updates=updates)
+
+
+def warmup_stack(worker, config, served):
+    from unirl_core.train.stack import WarmupStack
+
+    return WarmupStack(worker.adapter, config.warmup, config.algorithm.max_grad_norm)
+
+
+STACKS = {"rl": rl_stack, "warmup": warmup_stack}  # the train stack of each round strategy's stage
+
+
 class TrainWorker(TorchWorker):
     def build(self, config_json: str, stage: str, served: dict | None = None) -> dict[str, int]:
-        """Build the adapter, shard it, and the stack of `stage` (`rl` or `warmup`); returns how much of the
+        """Build the family, shard it, and the stack of `stage` (`STACKS`: rl or warmup); returns how much of the
         trained module this rank holds. `served`: model rewards scored by the dedicated reward actors, by name."""
         from unirl_core.config.schema import TrainConfig
         from unirl_core.models.logs import quiet_model_libraries
@@ -47,17 +66,7 @@ class TrainWorker(TorchWorker):
         torch.manual_seed(config.sampling.seed)  # identical initial (LoRA) weights on every rank before sharding
         self.adapter = build_family(config.model, config.sampling, device=str(self.device))
         parallelize(self.adapter.trainable, self.adapter.blocks(), self.device, config.fsdp, self.adapter.dtype)
-        if stage == "rl":
-            from unirl_core.rewards.service import RewardService
-            from unirl_core.train.stack import build_stack
-
-            self.rewards = RewardService.from_config(config.reward, device=str(self.device), served=served)
-            updates = config.steps * config.algorithm.num_updates_per_batch
-            self.stack = build_stack(self.adapter, config.algorithm, total_updates=updates)
-        else:
-            from unirl_core.train.stack import WarmupStack
-
-            self.stack = WarmupStack(self.adapter, config.warmup, config.algorithm.max_grad_norm)
+        self.stack = STACKS[stage](self, config, served)
         self.ema = EMA(self.adapter.parameters(), config.ema.decay, config.ema.interval) if config.ema else None
         self._rollout = None
         return local_fraction(self.adapter.trainable)

@@ -1,9 +1,11 @@
 """The training controller: rounds of steps on a group of FSDP2-sharded workers (Ray actors, or one rank in this
-process), resumable from named checkpoint states. See `controller.py` for the loop, `plan.py` for the round plan
-and validation, `finalize.py` for the export and the in-process training."""
+process), resumable from named checkpoint states. See `controller.py` for the loop, `rounds.py` for what an RL and a
+warm-up round do, `grids.py` and `metrics_file.py` for the round's outputs, `plan.py` for the round plan and
+validation, `finalize.py` for the export and the in-process training."""
 
-from unirl_core.trainer.controller import METRICS_FILE, RAY_RECORD, latest_record, reduce_metrics, run_round
+from unirl_core.trainer.controller import RAY_RECORD, latest_record, run_round
 from unirl_core.trainer.finalize import finalize, train_in_process
+from unirl_core.trainer.metrics_file import METRICS_FILE
 from unirl_core.trainer.plan import (
     Round,
     RoundDeadlineError,
@@ -12,6 +14,7 @@ from unirl_core.trainer.plan import (
     plan_rounds,
     validate,
 )
+from unirl_core.trainer.rounds import reduce_metrics
 
 __all__ = [
     "METRICS_FILE",

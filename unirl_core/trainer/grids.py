@@ -1,0 +1,71 @@
+"""The image grids a round writes: the sample grid of an RL round's last step and the evaluation grid
+(deterministic samples of the evaluation prompts), each as a PNG under `<output_dir>/samples/` and an MLflow image."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from unirl_core.data.sources import build_source
+from unirl_core.io.storage import write_bytes_atomic
+from unirl_core.train.worker import TrainWorker
+from unirl_core.trainer.plan import plan_rounds
+
+
+class Grids:
+    def __init__(self, config, round_, group, tracker, out: Path):
+        self.config, self.round, self.group, self.tracker, self.out = config, round_, group, tracker, out
+        self.workers = config.ray.workers
+
+    def evaluate(self, step: int, timeout: float) -> str:
+        """Deterministic samples of the evaluation prompts (or the first prompts of the source) as a grid."""
+        from unirl_core.data.sources import load_eval_prompts
+        from unirl_core.train.images import captioned_grid
+        from unirl_core.trainer.rounds import split_even
+
+        config, workers = self.config, self.workers
+        prompts = [p.prompt for p in load_eval_prompts(config.data)][: config.eval_prompts]
+        if not prompts:
+            source = build_source(config.data)
+            while len(prompts) < config.eval_prompts:
+                prompts += [p.prompt for p in source.next_batch()]
+            prompts = prompts[: config.eval_prompts]
+        padded = prompts + prompts[: (-len(prompts)) % workers]  # equal shares: every rank runs the same passes
+        per_rank = len(padded) // workers
+        shares = [(share, r * per_rank) for r, share in enumerate(split_even(padded, workers))]
+        results = self.group.scatter(TrainWorker.evaluate, shares, config.sampling.seed, timeout=timeout)
+        images = [image for r in results for image in r][: len(prompts)]
+        grid = captioned_grid(images, prompts, cols=1)
+        return self.save_grid(grid, self.out / "samples" / f"eval_step_{step:08d}.png", "eval", step)
+
+    def save_samples(self, images: list, prompts: list[str]) -> str:
+        """The round's last step's samples, a row per prompt."""
+        from unirl_core.train.images import captioned_grid
+
+        cols = min(self.config.sampling.samples_per_prompt, self.config.grid_images_per_prompt)
+        grid = captioned_grid(images, prompts, cols=cols)
+        step = self.round.end - 1
+        path = self.out / "samples" / f"round_{self.round.index:03d}_step_{step:08d}.png"
+        return self.save_grid(grid, path, "samples", step)
+
+    def save_grid(self, grid, path: Path, key: str, step: int) -> str:
+        """The grid, titled with its step, to `path` and to MLflow under `key` (and as `<key>/<file name>`). The
+        image card's slider counts a key's grids (0 = the first): the card opens at step 0."""
+        import io
+
+        from unirl_core.train.images import titled
+
+        grid = titled(grid, f"{key}: step {step} ({self.round.name})")
+        buffer = io.BytesIO()
+        grid.save(buffer, format="PNG")
+        path.parent.mkdir(parents=True, exist_ok=True)
+        write_bytes_atomic(str(path), buffer.getvalue())
+        self.tracker.log_image(grid, key=key, step=self.grid_number(key), file=path)
+        return str(path)
+
+    def grid_number(self, key: str) -> int:
+        """This round's grid of `key` among the run's: `samples` one per RL round, `eval` per round evaluated."""
+        if key != "eval":
+            return self.round.index
+        every = self.config.eval_every_rounds
+        rl_rounds = [r for r in plan_rounds(self.config) if r.stage == self.round.stage]
+        return sum(1 for r in rl_rounds[: self.round.index] if every and (r.index + 1) % every == 0)

@@ -1,0 +1,179 @@
+"""Round strategies: what a round of each stage does between the controller's generic parts (resume, the step loop,
+checkpoints, the metrics file). The controller asks its round's strategy; nothing compares a stage's name.
+
+| strategy      | named states     | before the steps    | one step                                            | after the steps          |
+|---------------|------------------|---------------------|-----------------------------------------------------|--------------------------|
+| `RLRound`     | -                | -                   | prompts -> groups -> rollout + rewards -> advantages | sample grid, eval grid   |
+|               |                  |                     | -> train                                            |                          |
+| `WarmupRound` | the warm-up data | the fixed-draw eval | a supervised batch                                  | the fixed-draw eval      |
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any, ClassVar
+
+import numpy as np
+
+from unirl_core.algorithms.advantages import compute_advantages, per_reward_advantages
+from unirl_core.data.groups import expand_groups
+from unirl_core.train.worker import TrainWorker
+from unirl_core.trainer.plan import plan_rounds
+
+
+def reduce_metrics(per_rank: list[dict[str, float]]) -> dict[str, float]:
+    """Mean over ranks; min/max for *_min/*_max; max for seconds (the slowest rank sets the pace)."""
+    out: dict[str, float] = {}
+    for key in per_rank[0]:
+        values = [m[key] for m in per_rank]
+        if key.endswith("_min"):
+            out[key] = min(values)
+        elif key.endswith("_max") or key.startswith("seconds_"):
+            out[key] = max(values)
+        else:
+            out[key] = float(np.mean(values))
+    return out
+
+
+def split_even(items: list, workers: int) -> list[list]:
+    """Equal contiguous shares (samples are group-major, so a share of whole groups never cuts a group)."""
+    per_rank = len(items) // workers
+    return [items[r * per_rank : (r + 1) * per_rank] for r in range(workers)]
+
+
+def reward_metrics(scores: dict[str, list[float]]) -> dict[str, float]:
+    """Mean and std of the total reward and of each component."""
+    metrics = {"reward_mean": float(np.mean(scores["total"])), "reward_std": float(np.std(scores["total"]))}
+    metrics |= {f"reward_{k}_mean": float(np.mean(v)) for k, v in scores.items() if k != "total"}
+    return metrics | {f"reward_{k}_std": float(np.std(v)) for k, v in scores.items() if k != "total"}
+
+
+class RoundStrategy:
+    """One stage's round, driven by the `Controller` (`controller`: its config, group, tracker, progress, outputs)."""
+
+    stage: ClassVar[str]  # the label written in commit records and metric rows
+    scores_rewards: ClassVar[bool] = False  # the workers load the reward models
+
+    def __init__(self, controller, precache=None):
+        self.controller = controller
+
+    def states(self) -> dict[str, Any]:
+        """Named states of this stage that checkpoints keep beside the controller's."""
+        return {}
+
+    def before_steps(self, deadline: float) -> dict[str, Any]:
+        return {}
+
+    def step(self, stage_step: int, timeout: float, last: bool) -> dict[str, float]:
+        raise NotImplementedError
+
+    def after_steps(self, deadline: float) -> dict[str, Any]:
+        return {}
+
+
+class RLRound(RoundStrategy):
+    """RL: rollouts scored by the rewards, advantages over the whole batch, the ranks train; a sample grid of the
+    round's last step and the evaluation grid when due."""
+
+    stage = "rl"
+    scores_rewards = True
+
+    def __init__(self, controller, precache=None):
+        super().__init__(controller, precache)
+        self.last_images: tuple[list, list[str]] | None = None
+
+    def step(self, stage_step: int, timeout: float, last: bool) -> dict[str, float]:
+        """Prompts -> groups -> the ranks roll out and score -> advantages over the whole batch -> the ranks train."""
+        c = self.controller
+        config, group, workers = c.config, c.config.sampling.samples_per_prompt, c.workers
+        started = time.perf_counter()
+        batch = c.source.next_batch()
+        samples = expand_groups(batch, group, first_group_id=stage_step * config.data.prompts_per_rollout)
+        first_group = samples[0].group_id
+        grid = [s for s in samples if s.group_id - first_group < config.grid_prompts
+                and s.sample_index < config.grid_images_per_prompt] if last else []  # fmt: skip
+        results = c.group.scatter(TrainWorker.rollout, split_even(samples, workers), stage_step,
+                                  [s.sample_id for s in grid], timeout=timeout)  # fmt: skip
+        scores = {k: [x for r in results for x in r["rewards"][k]] for k in results[0]["rewards"]}
+        prompts = [s.example.prompt for s in samples]
+        if config.reward.normalize == "per_reward":
+            advantages, advantage_stats = per_reward_advantages(
+                config.algorithm, prompts, scores, config.reward.weights, group
+            )
+        else:
+            advantages, advantage_stats = compute_advantages(
+                config.algorithm, c.advantage_tracker, prompts, scores["total"], group
+            )
+        train_parts = c.group.scatter(TrainWorker.train, split_even(advantages.tolist(), workers), stage_step,
+                                      timeout=timeout)  # fmt: skip
+        metrics = reward_metrics(scores) | advantage_stats | reduce_metrics(train_parts)
+        metrics["seconds_rollout"] = max(r["seconds_rollout"] for r in results)
+        metrics["seconds_reward"] = max(r["seconds_reward"] for r in results)
+        metrics["images_per_s"] = len(samples) / (time.perf_counter() - started)
+        if last:  # only the grid's images came back
+            images = {sample_id: image for r in results for sample_id, image in r["images"].items()}
+            self.last_images = ([images[s.sample_id] for s in grid], [b.prompt for b in batch[: config.grid_prompts]])
+        return metrics
+
+    def after_steps(self, deadline: float) -> dict[str, Any]:
+        """The last step's sample grid, and the evaluation grid when due."""
+        c = self.controller
+        summary = {"samples": c.grids.save_samples(*self.last_images)} if self.last_images else {}
+        rl_rounds = [r for r in plan_rounds(c.config) if r.stage == self.stage]
+        every = c.config.eval_every_rounds
+        if every and ((c.round.index + 1) % every == 0 or c.round == rl_rounds[-1]):
+            summary["eval_samples"] = c.grids.evaluate(c.round.end - 1, deadline - time.monotonic())
+        return summary
+
+
+class WarmupRound(RoundStrategy):
+    """Supervised warm-up on precached (latent, conditioning) pairs; the fixed-draw eval loss before and after."""
+
+    stage = "warmup"
+
+    def __init__(self, controller, precache=None):
+        from unirl_core.train.warmup import open_warmup_data
+
+        super().__init__(controller, precache)
+        self.data = open_warmup_data(controller.config, precache)
+
+    def states(self) -> dict[str, Any]:
+        return {"warmup_data": self.data}
+
+    def step(self, stage_step: int, timeout: float, last: bool) -> dict[str, float]:
+        from unirl_core.train.warmup import split_batch
+
+        c = self.controller
+        started = time.perf_counter()
+        batch = self.data.next_batch()
+        parts = c.group.scatter(TrainWorker.warmup, split_batch(batch, c.workers), stage_step, timeout=timeout)
+        metrics = {f"warmup_{k}": v for k, v in reduce_metrics(parts).items()}
+        metrics["warmup_samples_per_s"] = len(batch["keys"]) / (time.perf_counter() - started)
+        return metrics
+
+    def before_steps(self, deadline: float) -> dict[str, Any]:
+        """The eval loss before the round's steps, logged at its first step."""
+        loss = self._eval(deadline - time.monotonic())
+        self.controller.tracker.log_metrics({"warmup_eval_loss": loss}, self.controller.progress.step)
+        return {"warmup_eval_loss_before": loss}
+
+    def after_steps(self, deadline: float) -> dict[str, Any]:
+        loss = self._eval(deadline - time.monotonic())
+        self.controller.tracker.log_metrics({"warmup_eval_loss": loss}, self.controller.round.end - 1)
+        return {"warmup_eval_loss": loss}
+
+    def _eval(self, timeout: float) -> float:
+        """The mean denoising loss on the data's first batch with fixed draws: comparable across the warm-up."""
+        from unirl_core.train.warmup import split_batch
+
+        c = self.controller
+        saved = self.data.state_dict()
+        self.data.load_state_dict(saved | {"epoch": 0, "batch_in_epoch": 0})
+        batch = self.data.next_batch()
+        self.data.load_state_dict(saved)
+        losses = c.group.scatter(TrainWorker.warmup_eval, split_batch(batch, c.workers), c.config.warmup.seed,
+                                 timeout=timeout)  # fmt: skip
+        return float(np.mean(losses))
+
+
+STRATEGIES: dict[str, type[RoundStrategy]] = {s.stage: s for s in (RLRound, WarmupRound)}
