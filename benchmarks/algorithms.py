@@ -52,7 +52,7 @@ WINDOW = 4
 
 
 def run(name: str, family: str, seed: int, steps: int, inference_steps: int, folder: Path) -> list[dict]:
-    from unirl_core.trainer import plan_rounds, run_round
+    from unirl_core.controller import plan_rounds, run_round
 
     overrides = [
         *FAMILIES[family], *TINY[name], f"train.steps={steps}", f"train.steps_per_round={steps}",

@@ -18,7 +18,7 @@ from pathlib import Path
 import torch
 import torch.distributed.checkpoint as dcp
 
-from unirl_core.train.checkpoint import file_digests, verify_files
+from unirl_core.worker.checkpoint import file_digests, verify_files
 
 
 def timed(fn):

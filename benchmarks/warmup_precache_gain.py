@@ -170,7 +170,7 @@ def run(mode: str, config, data, sources, steps: int, skip: int) -> dict:
     keys only), so both modes train on the same samples in the same order."""
     from unirl_core.models.registry import build_family
     from unirl_core.rollout.noise import sample_seed
-    from unirl_core.train.stack import WarmupStack
+    from unirl_core.worker.stack import WarmupStack
 
     data.load_state_dict(data.state_dict() | {"epoch": 0, "batch_in_epoch": 0})
     torch.manual_seed(0)  # the same initial LoRA weights in both modes
@@ -214,7 +214,7 @@ def main() -> None:
     steps = args.steps or default_steps
 
     from unirl_core.models.logs import quiet_model_libraries
-    from unirl_core.train.warmup import WarmupData
+    from unirl_core.worker.warmup import WarmupData
 
     quiet_model_libraries()
     with tempfile.TemporaryDirectory(prefix="warmup-gain-") as tmp:

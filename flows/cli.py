@@ -131,7 +131,7 @@ def validate(
     """Print the fully resolved recipe as YAML, or every error with its dotted path (exit 2), including what the
     `train` section alone shows cannot train (groups vs workers, image sizes, warm-up keys)."""
     from unirl_core.config import dump_resolved, load_recipe
-    from unirl_core.trainer.plan import TrainingConfigError, config_problems
+    from unirl_core.controller.round_plan import TrainingConfigError, config_problems
 
     loaded = load_recipe(recipe, set_ or [])
     problems = config_problems(loaded.train, loaded.precache) if loaded.train else []
@@ -152,9 +152,9 @@ def plan(
     """Parameters and per-worker memory (rollout and training) of the recipe at its real model size, from the
     components' configs on the meta device: no weights, no GPU, seconds. Names the largest term."""
     from unirl_core.config import load_recipe
+    from unirl_core.controller.memory import format_plan, memory_plan
     from unirl_core.models.real_sizes import VARIANTS, variant_names
     from unirl_core.models.registry import family_class, resolve_model_path
-    from unirl_core.trainer.memory import format_plan, memory_plan
 
     loaded = load_recipe(recipe, set_ or [])
     if loaded.train is None:
@@ -215,7 +215,7 @@ def prompts_show(
     prompt_key: Annotated[str, typer.Option(help="JSON key holding the prompt text.")] = "prompt",
 ) -> None:
     """Print the normalized prompts as JSON lines (a count goes to stderr)."""
-    from unirl_core.data.groups import expand_groups
+    from unirl_core.data.grpo_groups import expand_groups
     from unirl_core.data.prompts import load_prompts
 
     try:
@@ -351,8 +351,8 @@ def _local_overrides(device: str) -> list[str]:
 
 
 def _train_rounds(recipe, local: bool = False) -> None:
-    from unirl_core.train.metrics_summary import reward_trend
-    from unirl_core.trainer import plan_rounds, validate
+    from unirl_core.controller import plan_rounds, validate
+    from unirl_core.worker.metrics_summary import reward_trend
 
     config = recipe.train
     validate(config, recipe.precache)  # before any Prefect or Ray work
@@ -405,7 +405,7 @@ def _train_summary(recipe, local: bool, show):
     name = recipe.name or "train"
     if local:
         from tasks.progress import report
-        from unirl_core.trainer import train_in_process
+        from unirl_core.controller import train_in_process
 
         def each_step(row: dict) -> None:
             report("train_step", row)  # the progress display
@@ -507,8 +507,8 @@ def _run_pipeline(recipe) -> None:
 
     from flows.pipeline import pipeline, report
     from tasks.progress import add_listener, remove_listener
-    from unirl_core.train.metrics_summary import read_metrics, round_means
-    from unirl_core.trainer import METRICS_FILE, output_dir, plan_rounds, validate
+    from unirl_core.controller import METRICS_FILE, output_dir, plan_rounds, validate
+    from unirl_core.worker.metrics_summary import read_metrics, round_means
 
     train_steps = None
     if recipe.train is not None:
@@ -573,7 +573,7 @@ def export_(
     """Export a committed checkpoint: a peft adapter folder (`PeftModel.from_pretrained(denoiser, OUT)`), or with
     --merged the whole pipeline (`<Pipeline>.from_pretrained(OUT)`)."""
     _quiet_model_libraries()
-    from unirl_core.train.export import export_checkpoint
+    from unirl_core.worker.export import export_checkpoint
 
     written = export_checkpoint(checkpoint, out, merged=merged)
     typer.echo(f"exported {'merged pipeline' if merged else 'adapter'} to {written}")

@@ -14,8 +14,8 @@ from tasks import train as train_tasks
 from tasks.progress import report
 from unirl_core.config.precache import PrecacheConfig
 from unirl_core.config.schema import TrainConfig
+from unirl_core.controller import RAY_RECORD, output_dir, plan_rounds
 from unirl_core.summaries import TrainSummary
-from unirl_core.trainer import RAY_RECORD, output_dir, plan_rounds
 
 
 def _stop_ray(flow, flow_run, state) -> None:

@@ -13,10 +13,10 @@ from tasks.progress import report
 from tasks.retries import retry_unless
 from unirl_core.config.precache import PrecacheConfig
 from unirl_core.config.schema import TrainConfig
+from unirl_core.controller import RoundDeadlineError, finalize, plan_rounds, run_round
 from unirl_core.distributed.worker_group import WorkerLostError
 from unirl_core.errors import UserError
 from unirl_core.summaries import ExportSummary, RoundSummary
-from unirl_core.trainer import RoundDeadlineError, finalize, plan_rounds, run_round
 
 # TrainingConfigError, CheckpointError, NonFiniteError, RewardError ... fail at once
 is_retryable = retry_unless(UserError, transient=(WorkerLostError, RoundDeadlineError))

@@ -12,7 +12,7 @@ from local_training import comparable, on_one_rank, train_locally
 
 from unirl_core.config import load_recipe
 from unirl_core.models.registry import build_family
-from unirl_core.train.checkpoint import CheckpointError, CheckpointManager, ModelState, OptimizerState, RankCheckpoint
+from unirl_core.worker.checkpoint import CheckpointError, CheckpointManager, ModelState, OptimizerState, RankCheckpoint
 
 pytestmark = pytest.mark.slow
 
@@ -100,8 +100,8 @@ def test_partial_writes_are_ignored_retention_keeps_two_and_errors_name_the_file
 def test_named_states_come_back_with_one_load(tmp_path):
     """The controller's states (data cursor, advantage tracker, progress) are restored by `load()` alone."""
     from unirl_core.algorithms.advantages import PerPromptStatTracker
+    from unirl_core.controller.controller import checkpoints
     from unirl_core.data.sources import build_source
-    from unirl_core.trainer.controller import checkpoints
 
     train = on_one_rank(config(**{"train.steps": 2}), tmp_path)
     train_locally(train, tmp_path)
@@ -186,7 +186,7 @@ def test_a_non_finite_loss_stops_the_run_before_its_optimizer_step_naming_the_st
     from typer.testing import CliRunner
 
     from flows.cli import app
-    from unirl_core.train.stack import NonFiniteError
+    from unirl_core.worker.stack import NonFiniteError
 
     train = config(**{"train.steps": 4, "train.checkpoint_every": 1, "train.algorithm.learning_rate": 1e30})
     rows: list[dict] = []

@@ -69,8 +69,8 @@ def test_a_reward_actor_killed_mid_step_is_restarted_and_the_run_equals_the_colo
 ):
     import ray
 
+    from unirl_core.controller import plan_rounds, run_round
     from unirl_core.distributed.reward_actors import ACTOR_NAME
-    from unirl_core.trainer import plan_rounds, run_round
 
     def pid(actor) -> int:
         return ray.get(actor.__ray_call__.remote(lambda self: os.getpid()))
@@ -100,8 +100,8 @@ def test_a_reward_actor_killed_mid_step_is_restarted_and_the_run_equals_the_colo
 def test_unirl_train_sigkilled_resumes_with_the_dedicated_reward(prefect_harness, clip_folder, colocated, tmp_path):
     from prefect.settings import PREFECT_API_URL
 
+    from unirl_core.controller import RAY_RECORD
     from unirl_core.distributed.cluster import stop_recorded
-    from unirl_core.trainer import RAY_RECORD
 
     output_dir = tmp_path / "sigkilled"
     sets = [f"--set={o}" for o in [*overrides(clip_folder, "dedicated"), f"train.output_dir={output_dir}"]]
@@ -125,8 +125,8 @@ def test_unirl_train_sigkilled_resumes_with_the_dedicated_reward(prefect_harness
 
 
 def test_a_missing_reward_folder_fails_before_any_rollout_naming_it(ray_local, clip_folder, tmp_path):
+    from unirl_core.controller import plan_rounds, run_round
     from unirl_core.rewards.errors import RewardError
-    from unirl_core.trainer import plan_rounds, run_round
 
     config = demo(tmp_path / "no-clip", "dedicated", tmp_path / "out")
     with pytest.raises(

@@ -9,7 +9,7 @@ import torch
 from local_training import comparable, train_locally
 
 from unirl_core.config import RecipeError, load_recipe
-from unirl_core.train.checkpoint import CheckpointManager
+from unirl_core.worker.checkpoint import CheckpointManager
 
 pytestmark = pytest.mark.slow
 

@@ -11,7 +11,7 @@ from dummy_family import DummyFamily
 
 from unirl_core.config import load_recipe
 from unirl_core.config.schema import WarmupConfig
-from unirl_core.data.groups import expand_groups
+from unirl_core.data.grpo_groups import expand_groups
 from unirl_core.data.sources import build_source
 from unirl_core.models.registry import (
     UnknownFamilyError,
@@ -22,7 +22,7 @@ from unirl_core.models.registry import (
     resolve_model_path,
 )
 from unirl_core.rollout.rollout import run_rollout
-from unirl_core.train.stack import TrainStack, WarmupStack
+from unirl_core.worker.stack import TrainStack, WarmupStack
 
 SMALL = [
     "train.model.family=dummy_flow",
@@ -147,7 +147,7 @@ def test_rollout_rl_step_warmup_step_and_exports(config, tmp_path):
 def test_the_whole_training_runs_the_family_through_the_one_controller(config, tmp_path):
     """The controller, the worker (FSDP2), checkpoints, metrics and the export with nothing but the family's file:
     `train_in_process` on one rank in this process, where `register` is visible."""
-    from unirl_core.trainer import train_in_process
+    from unirl_core.controller import train_in_process
 
     one_rank = config.model_copy(update={
         "output_dir": str(tmp_path), "steps": 2, "eval_every_rounds": 0,

@@ -9,12 +9,12 @@ import torch
 from PIL import Image
 
 from unirl_core.config import recipe_from_tree
-from unirl_core.data.groups import expand_groups
+from unirl_core.data.grpo_groups import expand_groups
 from unirl_core.data.prompts import MediaRef, PromptExample
 from unirl_core.models.families.qwen_image import QwenImageEditFamily, pack, unpack
 from unirl_core.models.registry import build_family
 from unirl_core.rollout.rollout import run_rollout
-from unirl_core.train.stack import TrainStack
+from unirl_core.worker.stack import TrainStack
 
 
 def config():

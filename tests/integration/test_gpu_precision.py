@@ -11,10 +11,10 @@ pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(),
 
 def test_one_bf16_rl_step_on_cuda_through_the_worker():
     from unirl_core.config import recipe_from_tree
-    from unirl_core.data.groups import expand_groups
+    from unirl_core.data.grpo_groups import expand_groups
     from unirl_core.data.sources import build_source
     from unirl_core.distributed.local_group import LocalGroup
-    from unirl_core.train.worker import TrainWorker
+    from unirl_core.worker.worker import TrainWorker
 
     config = recipe_from_tree(
         {
@@ -38,6 +38,6 @@ def test_one_bf16_rl_step_on_cuda_through_the_worker():
         assert worker._rollout.logp_TB.device.type == "cuda" and worker._rollout.logp_TB.dtype == torch.float32
         (metrics,) = group.run(TrainWorker.train, [1.0, -1.0, 1.0, -1.0], 0)
         assert metrics["ratio_mean"] == 1.0 and metrics["grad_norm"] > 0
-        assert {p.dtype for p in worker.adapter.parameters()} == {torch.float32}
+        assert {p.dtype for p in worker.family.parameters()} == {torch.float32}
         state = [t for s in worker.stack.optimizer.state.values() for t in s.values()]
         assert state and {t.dtype for t in state} == {torch.float32}

@@ -8,13 +8,13 @@ import pytest
 import torch
 
 from unirl_core.config import recipe_from_tree
-from unirl_core.data.groups import expand_groups
+from unirl_core.data.grpo_groups import expand_groups
 from unirl_core.data.sources import build_source
 from unirl_core.distributed.local_group import LocalGroup
 from unirl_core.models.registry import build_family
 from unirl_core.rollout.rollout import run_rollout
-from unirl_core.train import fsdp
-from unirl_core.train.stack import TrainStack
+from unirl_core.worker import fsdp
+from unirl_core.worker.stack import TrainStack
 
 pytestmark = pytest.mark.slow
 
@@ -80,7 +80,7 @@ def test_a_bf16_model_trains_float32_lora_with_bf16_compute_and_keeps_a_small_up
 
 
 def test_float16_is_refused_before_training():
-    from unirl_core.trainer.plan import TrainingConfigError, validate
+    from unirl_core.controller.round_plan import TrainingConfigError, validate
 
     validate(train_config("bfloat16"))
     with pytest.raises(TrainingConfigError, match=r"train\.model\.dtype: 'float16' cannot train"):

@@ -25,7 +25,7 @@ def demo(**overrides):
 
 
 def ray_rows(config) -> list[dict]:
-    from unirl_core.trainer import METRICS_FILE, output_dir, plan_rounds, run_round
+    from unirl_core.controller import METRICS_FILE, output_dir, plan_rounds, run_round
 
     for round_ in plan_rounds(config):
         run_round(config, round_)

@@ -6,11 +6,11 @@ import pytest
 import torch
 
 from unirl_core.config import recipe_from_tree
-from unirl_core.data.groups import expand_groups
+from unirl_core.data.grpo_groups import expand_groups
 from unirl_core.data.sources import build_source
 from unirl_core.models.registry import build_family
 from unirl_core.rollout.rollout import run_rollout
-from unirl_core.train.stack import TrainStack
+from unirl_core.worker.stack import TrainStack
 
 pytestmark = pytest.mark.slow
 

@@ -8,7 +8,7 @@ from local_training import train_locally
 from PIL import Image
 
 from unirl_core.config import load_recipe
-from unirl_core.train.worker import TrainWorker
+from unirl_core.worker.worker import TrainWorker
 
 pytestmark = pytest.mark.slow
 

@@ -47,9 +47,9 @@ def metric_rows(output_dir: Path) -> dict[int, dict]:
 
 
 def final_weights(output_dir: Path) -> dict[str, torch.Tensor]:
-    from unirl_core.train.export import load_checkpoint_adapter, resolve_checkpoint
+    from unirl_core.worker.export import load_checkpoint_family, resolve_checkpoint
 
-    _, adapter = load_checkpoint_adapter(resolve_checkpoint(output_dir))
+    _, adapter = load_checkpoint_family(resolve_checkpoint(output_dir))
     return {k: v.clone() for k, v in adapter.trainable.state_dict().items() if "lora" in k}
 
 
@@ -202,10 +202,10 @@ def test_exports_load_with_from_pretrained_and_match_the_trained_model(reference
     from diffusers import SD3Transformer2DModel, StableDiffusion3Pipeline
     from peft import PeftModel
 
-    from unirl_core.train.export import export_checkpoint, load_checkpoint_adapter, resolve_checkpoint
+    from unirl_core.worker.export import export_checkpoint, load_checkpoint_family, resolve_checkpoint
 
     output_dir, summary = reference
-    _, trained = load_checkpoint_adapter(resolve_checkpoint(output_dir))
+    _, trained = load_checkpoint_family(resolve_checkpoint(output_dir))
     adapter_dir = Path(summary.export)
     base = SD3Transformer2DModel.from_pretrained(json.loads((adapter_dir / "adapter_config.json").read_text())[
         "base_model_name_or_path"])  # fmt: skip
@@ -269,8 +269,8 @@ def test_unirl_train_killed_mid_round_resumes_with_exactly_the_uninterrupted_ste
     from prefect.settings import PREFECT_API_URL
 
     from unirl_core.config import load_recipe
+    from unirl_core.controller import RAY_RECORD
     from unirl_core.distributed.cluster import stop_recorded
-    from unirl_core.trainer import RAY_RECORD
 
     reference_dir, _ = reference
     output_dir = tmp_path / "sigkilled"

@@ -13,7 +13,7 @@ from warmup_cache import CAPTIONS, make_warmup_cache
 from unirl_core.models.families.sd3 import SD3Family
 from unirl_core.models.families.sd15 import SD15Family
 from unirl_core.models.registry import resolve_model_path
-from unirl_core.train.warmup import WarmupData, split_batch
+from unirl_core.worker.warmup import WarmupData, split_batch
 
 pytestmark = pytest.mark.slow
 
@@ -153,7 +153,7 @@ def test_micro_batches_and_batch_splits_give_the_same_warmup_step(cache):
     over two ranks and averaging their gradients (FSDP's reduce), gives the full batch's gradients and loss."""
     from unirl_core.config.schema import WarmupConfig
     from unirl_core.rollout.noise import sample_seed
-    from unirl_core.train.stack import WarmupStack
+    from unirl_core.worker.stack import WarmupStack
 
     config, _ = cache
     batch = warmup(config).next_batch()

@@ -16,7 +16,7 @@ def on_one_rank(config, output_dir: Path, **ray):
 
 def train_locally(config, output_dir: Path, on_step=None, **ray) -> list[dict]:
     """Every round of `config` in this process (no export); the metric rows logged, in order."""
-    from unirl_core.trainer import plan_rounds, run_round
+    from unirl_core.controller import plan_rounds, run_round
 
     config = on_one_rank(config, output_dir, **ray)
     rows: list[dict] = []

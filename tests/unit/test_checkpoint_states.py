@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import torch
 
-from unirl_core.train.checkpoint import CheckpointManager, ModelState, OptimizerState, RankCheckpoint
+from unirl_core.worker.checkpoint import CheckpointManager, ModelState, OptimizerState, RankCheckpoint
 
 
 def trained(seed: int):

@@ -11,7 +11,7 @@ import logging
 import pytest
 
 from unirl_core.config import RecipeError, load_recipe
-from unirl_core.trainer import TrainingConfigError, validate
+from unirl_core.controller import TrainingConfigError, validate
 
 SECRET = "s3cr3t-value-7f3a"  # must appear nowhere but in the workers' environment
 
@@ -163,8 +163,8 @@ def test_worker_env_resolves_the_default_workspace_on_the_driver(tmp_path, monke
 
 
 def test_secret_values_stay_out_of_logs_params_and_the_printed_form(tmp_path, caplog, monkeypatch):
+    from unirl_core.controller.round_plan import worker_credentials
     from unirl_core.distributed.worker_env import worker_env
-    from unirl_core.trainer.plan import worker_credentials
 
     monkeypatch.setenv("SCORER_TOKEN", SECRET)
     config = train_config(
@@ -203,7 +203,7 @@ def test_dedicated_reward_actors_are_counted_with_the_workers(tmp_path, machine)
         "train.ray asks 2 GPUs and train.reward.actors 2 x 0.5 = 1 more, 3 GPUs in all, but the cluster has 2: lower "
         "train.reward.actors.workers or gpus_per_worker, or set train.reward.placement=colocated"
     ]
-    from unirl_core.trainer import TrainingConfigError, train_in_process
+    from unirl_core.controller import TrainingConfigError, train_in_process
 
     local = config.model_copy(update={"ray": config.ray.model_copy(update={"workers": 1})})
     with pytest.raises(TrainingConfigError, match="dedicated serves the model rewards from Ray actors.*--local"):

@@ -9,7 +9,7 @@ import torch
 
 from unirl_core.config import load_recipe
 from unirl_core.errors import UserError
-from unirl_core.train.determinism import apply_determinism
+from unirl_core.worker.determinism import apply_determinism
 
 
 @pytest.fixture
@@ -41,7 +41,7 @@ def test_deterministic_key_validates():
 
 def test_rank_setup_applies_the_recipe_key(restore_flags, monkeypatch):
     import unirl_core.models.registry
-    from unirl_core.train.worker import TrainWorker
+    from unirl_core.worker.worker import TrainWorker
 
     class ModelBuildReached(Exception):
         pass

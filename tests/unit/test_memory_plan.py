@@ -7,8 +7,8 @@ from typer.testing import CliRunner
 
 from flows.cli import app
 from unirl_core.config import load_recipe
+from unirl_core.controller.memory import GIB, memory_plan
 from unirl_core.models.real_sizes import VARIANTS, meta_pipeline, parameter_count
-from unirl_core.trainer.memory import GIB, memory_plan
 
 # published sizes in billions (model cards: SD3.5 Large 8.1 B, Medium 2.5 B, FLUX.1 12 B, Qwen-Image 20 B,
 # FLUX.2-Klein 9B; SDXL's UNet 2.6 B, T5-XXL's encoder 4.76 B, OpenCLIP bigG text 695 M, CLIP-L text 124 M, SD 1.5's

@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from unirl_core.train.metrics_summary import RoundMean, read_metrics, reward_trend, round_means
+from unirl_core.worker.metrics_summary import RoundMean, read_metrics, reward_trend, round_means
 
 
 def test_reward_trend_averages_up_to_four_steps_at_each_end():

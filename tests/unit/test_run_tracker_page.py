@@ -149,8 +149,8 @@ def test_the_image_card_opens_on_the_first_grid_of_each_key():
     from types import SimpleNamespace
 
     from unirl_core.config import load_recipe
-    from unirl_core.trainer.grids import Grids
-    from unirl_core.trainer.plan import plan_rounds
+    from unirl_core.controller.grids import Grids
+    from unirl_core.controller.round_plan import plan_rounds
 
     config = load_recipe("demo", ["train.steps=8", "train.steps_per_round=2", "train.eval_every_rounds=3"]).train
     rl = [r for r in plan_rounds(config) if r.stage == "rl"]  # 4 rounds; evaluated: rounds 2 and 3 (the last)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from unirl_core.config import DataConfig
-from unirl_core.data.groups import expand_groups
+from unirl_core.data.grpo_groups import expand_groups
 from unirl_core.data.prompts import PromptExample, load_prompts
 from unirl_core.data.sources import (
     SMOKE_PROMPTS,

@@ -10,7 +10,7 @@ import socket
 import pytest
 
 from unirl_core.config import load_recipe
-from unirl_core.trainer import TrainingConfigError, latest_record, plan_rounds, validate
+from unirl_core.controller import TrainingConfigError, latest_record, plan_rounds, validate
 
 
 def train_config(tmp_path, *overrides):
@@ -53,7 +53,7 @@ def test_too_few_prompts_for_a_rollout_are_refused(tmp_path):
 
 
 def test_a_partial_checkpoint_write_falls_back_to_the_last_committed_one(tmp_path):
-    from unirl_core.train.checkpoint import CheckpointError, config_hash
+    from unirl_core.worker.checkpoint import CheckpointError, config_hash
 
     config = train_config(tmp_path)
     for step in (3, 4):
@@ -72,10 +72,10 @@ def test_retry_condition_retries_lost_workers_and_deadlines_only():
     from prefect.states import Failed
 
     from tasks.train import is_retryable
+    from unirl_core.controller import RoundDeadlineError
     from unirl_core.distributed.worker_group import WorkerLostError
-    from unirl_core.train.checkpoint import CheckpointError
-    from unirl_core.train.stack import NonFiniteError
-    from unirl_core.trainer import RoundDeadlineError
+    from unirl_core.worker.checkpoint import CheckpointError
+    from unirl_core.worker.stack import NonFiniteError
 
     def retried(exc):
         return is_retryable(None, None, Failed(data=exc))

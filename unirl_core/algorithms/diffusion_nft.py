@@ -83,7 +83,7 @@ class DiffusionNFT(Algorithm):
     likelihood_free = True
 
     def setup(self, stack) -> None:
-        from unirl_core.train.ema import EMA
+        from unirl_core.worker.ema import EMA
 
         self.old = EMA(stack.family.parameters(), decay=0.0)
 

@@ -689,7 +689,7 @@ class TrainConfig(StrictModel):
 
     deterministic: bool = False
     """CUDA determinism on every rank (cuBLAS workspace `:4096:8`, deterministic algorithms, cuDNN autotuning off):
-    bitwise-repeatable GPU steps at the cost of slower kernels (unirl_core/train/determinism.py). CPU runs are
+    bitwise-repeatable GPU steps at the cost of slower kernels (unirl_core/worker/determinism.py). CPU runs are
     deterministic either way."""
 
     steps_per_round: Annotated[Count, Field(ge=1)] | None = None
@@ -764,7 +764,7 @@ class TrainConfig(StrictModel):
             )
         window, steps = self.algorithm.sde_window, self.sampling.num_inference_steps
         if window is not None and not algorithm_class(self.algorithm.name).likelihood_free:
-            from unirl_core.rollout.plan import window_end
+            from unirl_core.rollout.step_plan import window_end
 
             end = window_end(self.algorithm, steps)
             if end > steps:

@@ -1,6 +1,6 @@
 """The model-family contract: everything family-specific behind one typed interface, so one rollout loop, one train
 stack, one warm-up, one precache and one export serve every family (Flow-GRPO copies a trainer per model; we do
-not). An instance is the model the loop drives (it is called `adapter` there).
+not). An instance is the model the loop drives (`family` there).
 
 | concern              | members                                                                                   |
 |----------------------|-------------------------------------------------------------------------------------------|

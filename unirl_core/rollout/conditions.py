@@ -11,7 +11,7 @@ from dataclasses import dataclass
 
 from PIL import Image, ImageOps
 
-from unirl_core.data.groups import RolloutSample
+from unirl_core.data.grpo_groups import RolloutSample
 from unirl_core.errors import UserError
 
 
@@ -58,10 +58,10 @@ def load_condition_image(uri: str, width: int, height: int, policy: ConditionPol
 
 
 class ConditionLatents:
-    """Condition images -> VAE latents for one adapter, each (uri, size) loaded and encoded once per process."""
+    """Condition images -> VAE latents for one family, each (uri, size) loaded and encoded once per process."""
 
-    def __init__(self, adapter, policy: ConditionPolicy = ConditionPolicy()):
-        self.adapter, self.policy, self.latents, self.images = adapter, policy, {}, {}
+    def __init__(self, family, policy: ConditionPolicy = ConditionPolicy()):
+        self.family, self.policy, self.latents, self.images = family, policy, {}, {}
 
     def load(self, uris: list[str], width: int, height: int) -> list:
         """The condition images (RGB, `width` x `height`) of `uris`, in order."""
@@ -75,5 +75,5 @@ class ConditionLatents:
 
         for uri, image in zip(uris, self.load(uris, width, height), strict=True):
             if (uri, width, height) not in self.latents:
-                self.latents[(uri, width, height)] = self.adapter.encode_images([image])[0].cpu()
-        return torch.stack([self.latents[(uri, width, height)] for uri in uris]).to(self.adapter.device)
+                self.latents[(uri, width, height)] = self.family.encode_images([image])[0].cpu()
+        return torch.stack([self.latents[(uri, width, height)] for uri in uris]).to(self.family.device)

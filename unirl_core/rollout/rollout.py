@@ -11,11 +11,11 @@ from dataclasses import dataclass
 import torch
 
 from unirl_core.algorithms.registry import algorithm_class
-from unirl_core.data.groups import RolloutSample
+from unirl_core.data.grpo_groups import RolloutSample
 from unirl_core.rollout.conditions import ConditionLatents, condition_uri
 from unirl_core.rollout.noise import sample_generators
 from unirl_core.rollout.ode import OdeSteps
-from unirl_core.rollout.plan import compressed_schedule, plan_steps
+from unirl_core.rollout.step_plan import compressed_schedule, plan_steps
 
 
 @dataclass
@@ -45,7 +45,7 @@ def start_step(num_steps: int, strength: float) -> int:
 
 @torch.no_grad()
 def run_rollout(
-    adapter, samples: list[RolloutSample], sampling, algorithm, seed: int, conditions=None, step: int = 0
+    family, samples: list[RolloutSample], sampling, algorithm, seed: int, conditions=None, step: int = 0
 ) -> Rollout:  # `algorithm`: the `train.algorithm` config
     """Denoise `samples` from their initial noise; prompts with a condition image start image-to-image at
     `start_step`, or, for an edit family (`condition_mode == "reference"`), carry the image in their conditioning
@@ -57,12 +57,12 @@ def run_rollout(
     likelihood-free algorithm (DiffusionNFT) rolls out with the ODE (eta 0) and stores no transitions: `steps` are
     then the grid steps it may train on, at fresh noisings of `final_latents`. Deterministic steps run
     `algorithm.ode_solver` after the last SDE step (`OdeSteps`), on the grid `compressed_schedule` leaves."""
-    adapter.use_algorithm(algorithm)
-    cond = adapter.encode([s.example.prompt for s in samples])
-    shape = adapter.latent_shape(sampling.height, sampling.width)
+    family.use_algorithm(algorithm)
+    cond = family.encode([s.example.prompt for s in samples])
+    shape = family.latent_shape(sampling.height, sampling.width)
     noise_ids = [f"prompt:{s.group_id}" if sampling.share_group_noise else s.sample_id for s in samples]
-    x = adapter.initial_noise(noise_ids, seed, shape).float()
-    schedule = adapter.schedule(sampling.num_inference_steps, shape)
+    x = family.initial_noise(noise_ids, seed, shape).float()
+    schedule = family.schedule(sampling.num_inference_steps, shape)
     uris = [condition_uri(s) for s in samples]
     start = 0
     if any(uris):
@@ -72,14 +72,14 @@ def run_rollout(
                 f"a rollout batch mixes prompts with and without condition images (e.g. prompt {plain}); "
                 "put image-to-image prompts in their own prompt file"
             )
-        conditions = conditions or ConditionLatents(adapter)
+        conditions = conditions or ConditionLatents(family)
         clean = conditions(uris, sampling.width, sampling.height)
-        if adapter.condition_mode == "reference":  # edit models: the image conditions, the noise is denoised
+        if family.condition_mode == "reference":  # edit models: the image conditions, the noise is denoised
             images = conditions.load(uris, sampling.width, sampling.height)
-            cond = adapter.with_condition_images(cond, [s.example.prompt for s in samples], images, clean)
+            cond = family.with_condition_images(cond, [s.example.prompt for s in samples], images, clean)
         else:  # image-to-image: denoise the noised image from `start_step`
             start = start_step(sampling.num_inference_steps, sampling.condition_strength)
-            x = adapter.noised(clean, x, start, schedule).float()
+            x = family.noised(clean, x, start, schedule).float()
     plan = plan_steps(algorithm, start, sampling.num_inference_steps, step, seed, [s.sample_id for s in samples])
     schedule = compressed_schedule(algorithm, schedule, plan)
     num_steps = len(schedule) - 1
@@ -87,12 +87,10 @@ def run_rollout(
     generators = sample_generators(seed, [f"sde:{s.sample_id}" for s in samples], device=x.device)
     likelihood_free = algorithm_class(algorithm.name).likelihood_free  # records no transitions
     first_multistep = max(plan.sde) + 1 if plan.sde and not likelihood_free else start
-    ode = OdeSteps(algorithm.ode_solver, lambda i: adapter.noise_level(i, schedule), num_steps, first_multistep)
+    ode = OdeSteps(algorithm.ode_solver, lambda i: family.noise_level(i, schedule), num_steps, first_multistep)
     for index in range(start, num_steps):
         stochastic = index in plan.sde and not likelihood_free
-        result = adapter.transition(
-            x, index, algorithm.eta if stochastic else 0.0, cond, schedule, generator=generators
-        )
+        result = family.transition(x, index, algorithm.eta if stochastic else 0.0, cond, schedule, generator=generators)
         if stochastic:
             before.append(x)
             after.append(result.sample)
@@ -102,5 +100,5 @@ def run_rollout(
     stored = ((before, empty), (after, empty), (logps, x.new_zeros(0, len(samples))))
     stacks = [torch.stack(values) if values else nothing for values, nothing in stored]
     return Rollout(
-        samples, cond, schedule, plan.sde, *stacks, adapter.decode(x), plan.trained_BJ, final_latents=x, seed=seed
+        samples, cond, schedule, plan.sde, *stacks, family.decode(x), plan.trained_BJ, final_latents=x, seed=seed
     )  # fmt: skip

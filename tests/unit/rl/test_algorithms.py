@@ -29,8 +29,8 @@ from unirl_core.algorithms.losses import (
 from unirl_core.algorithms.registry import algorithm_config
 from unirl_core.config import RecipeError, recipe_from_tree
 from unirl_core.config.schema import TrainConfig
-from unirl_core.rollout.plan import plan_steps
 from unirl_core.rollout.samplers import cps_step, flow_sde_step
+from unirl_core.rollout.step_plan import plan_steps
 
 SIGMA, SIGMA_NEXT, SIGMA_MAX = 0.79037, 0.70728, 0.96013
 X = torch.tensor([[0.5, -1.0], [0.1, 0.2]], dtype=torch.float64)

@@ -138,7 +138,7 @@ def test_reward_service_totals_and_refuses_nan(monkeypatch):
 
 
 def test_lr_schedules_warm_up_then_hold_or_decay_to_zero():
-    from unirl_core.train.stack import lr_factor
+    from unirl_core.worker.stack import lr_factor
 
     assert [lr_factor(s, 10, "constant", 0) for s in (0, 5, 9)] == [1.0, 1.0, 1.0]
     assert [round(lr_factor(s, 10, "cosine", 3), 4) for s in (0, 1, 2)] == [0.25, 0.5, 0.75]  # linear warm-up

@@ -13,7 +13,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from unirl_core.train.checkpoint import STATE_FILE, CheckpointError, CheckpointManager, ModelState, RankCheckpoint
+from unirl_core.worker.checkpoint import STATE_FILE, CheckpointError, CheckpointManager, ModelState, RankCheckpoint
 
 CONFIG_FILE = "train_config.json"
 
@@ -33,8 +33,8 @@ def resolve_checkpoint(path: str | Path) -> Path:
     )
 
 
-def load_checkpoint_adapter(folder: Path):
-    """The adapter of the checkpoint's recipe with the checkpoint's trained weights (CPU, one process)."""
+def load_checkpoint_family(folder: Path):
+    """The family of the checkpoint's recipe with the checkpoint's trained weights (CPU, one process)."""
     from unirl_core.config.schema import TrainConfig
     from unirl_core.models.registry import build_family
 
@@ -44,9 +44,9 @@ def load_checkpoint_adapter(folder: Path):
     CheckpointManager.verify(folder)  # a damaged file is named before DCP reads it
     config = TrainConfig.model_validate_json(config_path.read_text())
     model = config.model.model_copy(update={"text_embedding_cache": None})
-    adapter = build_family(model, config.sampling, device="cpu")
-    RankCheckpoint({"model": ModelState(adapter.trainable)}).load(folder, weights_only=True)
-    return config, adapter
+    family = build_family(model, config.sampling, device="cpu")
+    RankCheckpoint({"model": ModelState(family.trainable)}).load(folder, weights_only=True)
+    return config, family
 
 
 def export_checkpoint(checkpoint: str | Path, out: str | Path, merged: bool = False) -> Path:
@@ -56,17 +56,17 @@ def export_checkpoint(checkpoint: str | Path, out: str | Path, merged: bool = Fa
     from unirl_core.models.registry import resolve_model_path
 
     folder = resolve_checkpoint(checkpoint)
-    config, adapter = load_checkpoint_adapter(folder)
+    config, family = load_checkpoint_family(folder)
     out = Path(out)
     staging = out.with_name(f".{out.name}.tmp")
     shutil.rmtree(staging, ignore_errors=True)
     staging.mkdir(parents=True)
-    if adapter.has_lora and not merged:
-        adapter.export_adapter(staging, resolve_model_path(config.model.path))
+    if family.has_lora and not merged:
+        family.export_adapter(staging, resolve_model_path(config.model.path))
     else:
-        adapter.export_merged(staging, resolve_model_path(config.model.path))
+        family.export_merged(staging, resolve_model_path(config.model.path))
     record = json.loads((folder / STATE_FILE).read_text())
-    provenance = {"checkpoint": str(folder), "step": record["step"], "merged": merged or not adapter.has_lora}
+    provenance = {"checkpoint": str(folder), "step": record["step"], "merged": merged or not family.has_lora}
     (staging / "unirl_export.json").write_text(json.dumps(provenance, indent=1))
     (staging / CONFIG_FILE).write_text(config.model_dump_json(indent=1))
     shutil.rmtree(out, ignore_errors=True)

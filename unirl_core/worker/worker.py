@@ -1,5 +1,5 @@
 """One data-parallel rank of a training round: the model family with its FSDP2-sharded trained module, the reward
-service and the train stack, driven by the controller (`unirl_core.trainer`) one call at a time, as a Ray actor or
+service and the train stack, driven by the controller (`unirl_core.controller`) one call at a time, as a Ray actor or
 in the controller's own process (`--local`).
 
 Rollouts use the trained module itself (colocated: no weight sync). Every rank receives an equal share of whole
@@ -20,17 +20,17 @@ from unirl_core.distributed.rank import TorchWorker
 def rl_stack(worker, config, served):
     """RL: the reward service (colocated models, or the dedicated actors in `served`) and the algorithm's stack."""
     from unirl_core.rewards.service import RewardService
-    from unirl_core.train.stack import build_stack
+    from unirl_core.worker.stack import build_stack
 
     worker.rewards = RewardService.from_config(config.reward, device=str(worker.device), served=served)
     updates = config.steps * config.algorithm.num_updates_per_batch
-    return build_stack(worker.adapter, config.algorithm, total_updates=updates)
+    return build_stack(worker.family, config.algorithm, total_updates=updates)
 
 
 def warmup_stack(worker, config, served):
-    from unirl_core.train.stack import WarmupStack
+    from unirl_core.worker.stack import WarmupStack
 
-    return WarmupStack(worker.adapter, config.warmup, config.algorithm.max_grad_norm)
+    return WarmupStack(worker.family, config.warmup, config.algorithm.max_grad_norm)
 
 
 STACKS = {"rl": rl_stack, "warmup": warmup_stack}  # the train stack of each round strategy's stage
@@ -45,9 +45,9 @@ class TrainWorker(TorchWorker):
 
         quiet_model_libraries()
         from unirl_core.models.registry import build_family
-        from unirl_core.train.determinism import apply_determinism
-        from unirl_core.train.ema import EMA
-        from unirl_core.train.fsdp import local_fraction, parallelize
+        from unirl_core.worker.determinism import apply_determinism
+        from unirl_core.worker.ema import EMA
+        from unirl_core.worker.fsdp import local_fraction, parallelize
 
         self.config = config = TrainConfig.model_validate_json(config_json)
         self.stage = stage
@@ -64,12 +64,12 @@ class TrainWorker(TorchWorker):
                 f"{config.ray.gpus_per_worker}); set it to auto or gloo, or give each worker a GPU"
             )
         torch.manual_seed(config.sampling.seed)  # identical initial (LoRA) weights on every rank before sharding
-        self.adapter = build_family(config.model, config.sampling, device=str(self.device))
-        parallelize(self.adapter.trainable, self.adapter.blocks(), self.device, config.fsdp, self.adapter.dtype)
+        self.family = build_family(config.model, config.sampling, device=str(self.device))
+        parallelize(self.family.trainable, self.family.blocks(), self.device, config.fsdp, self.family.dtype)
         self.stack = STACKS[stage](self, config, served)
-        self.ema = EMA(self.adapter.parameters(), config.ema.decay, config.ema.interval) if config.ema else None
+        self.ema = EMA(self.family.parameters(), config.ema.decay, config.ema.interval) if config.ema else None
         self._rollout = None
-        return local_fraction(self.adapter.trainable)
+        return local_fraction(self.family.trainable)
 
     # --- RL ---------------------------------------------------------------------------------------------------
 
@@ -85,7 +85,7 @@ class TrainWorker(TorchWorker):
         seed = config.sampling.seed + step
         with self.stack.rollout_policy():
             self._rollout = run_rollout(
-                self.adapter, samples, config.sampling, config.algorithm, seed=seed, step=step
+                self.family, samples, config.sampling, config.algorithm, seed=seed, step=step
             )  # fmt: skip
         rolled = time.perf_counter()
         scores = self.rewards.score(
@@ -141,7 +141,7 @@ class TrainWorker(TorchWorker):
         latents = batch["latents"].to(self.device)
         cond = {k: v.to(self.device) for k, v in batch["cond"].items()}
         generator = torch.Generator().manual_seed(sample_seed(seed, f"eval:{self.rank}"))
-        return sum(self.adapter.denoising_loss(latents, cond, generator).item() for _ in range(draws)) / draws
+        return sum(self.family.denoising_loss(latents, cond, generator).item() for _ in range(draws)) / draws
 
     # --- evaluation -------------------------------------------------------------------------------------------
 
@@ -152,27 +152,27 @@ class TrainWorker(TorchWorker):
         import contextlib
 
         prompts, first_index = share
-        sampling, adapter = self.config.sampling, self.adapter
+        sampling, family = self.config.sampling, self.family
         ids = [f"eval:{first_index + i}" for i in range(len(prompts))]
-        rollout_guidance, adapter.guidance_scale = adapter.guidance_scale, sampling.eval_guidance
+        rollout_guidance, family.guidance_scale = family.guidance_scale, sampling.eval_guidance
         try:
             with self.ema.applied() if self.ema else contextlib.nullcontext():
-                cond = adapter.encode(prompts)
-                shape = adapter.latent_shape(sampling.height, sampling.width)
-                x = adapter.initial_noise(ids, seed, shape).float()
-                schedule = adapter.schedule(sampling.eval_steps, shape)
+                cond = family.encode(prompts)
+                shape = family.latent_shape(sampling.height, sampling.width)
+                x = family.initial_noise(ids, seed, shape).float()
+                schedule = family.schedule(sampling.eval_steps, shape)
                 for index in range(sampling.eval_steps):
-                    x = adapter.transition(x, index, 0.0, cond, schedule).sample
-                return adapter.decode(x)
+                    x = family.transition(x, index, 0.0, cond, schedule).sample
+                return family.decode(x)
         finally:
-            adapter.guidance_scale = rollout_guidance
+            family.guidance_scale = rollout_guidance
 
     # --- checkpoints ------------------------------------------------------------------------------------------
 
     def _checkpoint(self):
-        from unirl_core.train.checkpoint import ModelState, OptimizerState, RankCheckpoint, RNGState
+        from unirl_core.worker.checkpoint import ModelState, OptimizerState, RankCheckpoint, RNGState
 
-        module = self.adapter.trainable
+        module = self.family.trainable
         tensors = {"model": ModelState(module), "optim": OptimizerState(module, self.stack.optimizer)}
         return RankCheckpoint(tensors | self._averages(), {"rng": RNGState(), "scheduler": self.stack.scheduler})
 

@@ -5,10 +5,10 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from unirl_core.controller.round_plan import plan_rounds
 from unirl_core.data.sources import build_source
 from unirl_core.io.storage import write_bytes_atomic
-from unirl_core.train.worker import TrainWorker
-from unirl_core.trainer.plan import plan_rounds
+from unirl_core.worker.worker import TrainWorker
 
 
 class Grids:
@@ -18,9 +18,9 @@ class Grids:
 
     def evaluate(self, step: int, timeout: float) -> str:
         """Deterministic samples of the evaluation prompts (or the first prompts of the source) as a grid."""
+        from unirl_core.controller.rounds import split_even
         from unirl_core.data.sources import load_eval_prompts
-        from unirl_core.train.images import captioned_grid
-        from unirl_core.trainer.rounds import split_even
+        from unirl_core.worker.images import captioned_grid
 
         config, workers = self.config, self.workers
         prompts = [p.prompt for p in load_eval_prompts(config.data)][: config.eval_prompts]
@@ -39,7 +39,7 @@ class Grids:
 
     def save_samples(self, images: list, prompts: list[str]) -> str:
         """The round's last step's samples, a row per prompt."""
-        from unirl_core.train.images import captioned_grid
+        from unirl_core.worker.images import captioned_grid
 
         cols = min(self.config.sampling.samples_per_prompt, self.config.grid_images_per_prompt)
         grid = captioned_grid(images, prompts, cols=cols)
@@ -52,7 +52,7 @@ class Grids:
         image card's slider counts a key's grids (0 = the first): the card opens at step 0."""
         import io
 
-        from unirl_core.train.images import titled
+        from unirl_core.worker.images import titled
 
         grid = titled(grid, f"{key}: step {step} ({self.round.name})")
         buffer = io.BytesIO()

@@ -1,7 +1,7 @@
-"""FSDP2 for every family from one function: `fully_shard` each repeated block the adapter names, then the root.
+"""FSDP2 for every family from one function: `fully_shard` each repeated block the family names, then the root.
 
-Model code never mentions FSDP: an adapter lists its blocks (`adapter.blocks()`), and this module shards them.
-LoRA is injected before wrapping (the adapter does it at build time), so the LoRA weights are sharded with their
+Model code never mentions FSDP: a family lists its blocks (`family.blocks()`), and this module shards them.
+LoRA is injected before wrapping (the family does it at build time), so the LoRA weights are sharded with their
 blocks. Activation checkpointing uses the model's own gradient checkpointing (diffusers).
 
 Mixed precision: the trained parameters (LoRA, or the whole denoiser) are float32 master weights, so are their

@@ -24,15 +24,9 @@ from typing import Any
 
 from unirl_core.algorithms.advantages import PerPromptStatTracker
 from unirl_core.config.schema import TrainConfig
-from unirl_core.data.sources import build_source
-from unirl_core.io.storage import permanent_errors_name
-from unirl_core.summaries import RoundSummary
-from unirl_core.train.checkpoint import CheckpointError, CheckpointManager, config_hash
-from unirl_core.train.export import CONFIG_FILE
-from unirl_core.train.worker import TrainWorker
-from unirl_core.trainer.grids import Grids
-from unirl_core.trainer.metrics_file import MetricsFile
-from unirl_core.trainer.plan import (
+from unirl_core.controller.grids import Grids
+from unirl_core.controller.metrics_file import MetricsFile
+from unirl_core.controller.round_plan import (
     Round,
     RoundDeadlineError,
     TrainingConfigError,
@@ -40,7 +34,13 @@ from unirl_core.trainer.plan import (
     validate,
     worker_credentials,
 )
-from unirl_core.trainer.rounds import STRATEGIES
+from unirl_core.controller.rounds import STRATEGIES
+from unirl_core.data.sources import build_source
+from unirl_core.io.storage import permanent_errors_name
+from unirl_core.summaries import RoundSummary
+from unirl_core.worker.checkpoint import CheckpointError, CheckpointManager, config_hash
+from unirl_core.worker.export import CONFIG_FILE
+from unirl_core.worker.worker import TrainWorker
 
 RAY_RECORD = "ray_processes.json"  # the local Ray of the running round, for the flow's teardown hooks
 

@@ -3,7 +3,7 @@
     data = WarmupData(precache_config, batch_size=32, latent_key="sd3_latent", text_key="sd3_prompt", seed=0)
     batch = data.next_batch()             # {"keys": [B], "latents": [B,C,h,w] float32, "cond": {name: [B,...]}}
     share = split_batch(batch, world)[r]  # rank r's contiguous B / world samples
-    loss = adapter.denoising_loss(share["latents"], share["cond"], generator)
+    loss = family.denoising_loss(share["latents"], share["cond"], generator)
 
 The cache is read through `read_encodings` (identity-checked, no pickle) once, to check every sample and index
 where its encodings lie (shard, member offsets); a batch then reads its samples by offset (`read_sample`: a seek
@@ -15,8 +15,8 @@ partial batch is dropped (as `unirl_core.data.sources.PromptListSource`).
 
 Latents are the posterior mean (deterministic: the same sample gives the same x0 every epoch; a cache built with
 `latent: sample` gives its one stored draw instead, with a warning), shifted and scaled like
-`adapter.encode_images`; conditioning is a `PipelinePromptEncoder` encoding, unpacked into the family's
-`encode_texts` dict (float32 here; the adapter casts to its dtype).
+`family.encode_images`; conditioning is a `PipelinePromptEncoder` encoding, unpacked into the family's
+`encode_texts` dict (float32 here; the family casts to its dtype).
 """
 
 from __future__ import annotations
@@ -97,7 +97,7 @@ class WarmupData(EpochCursor):
         self.latent_key, self.text_key = latent_key, text_key
         self.latent_config = self._encoder_config(latent_key, LATENT_ENCODER, IMAGE_ENCODER)
         self.text_config = self._encoder_config(text_key, PROMPT_ENCODER)
-        self.family: str = self.text_config["family"]  # the adapter family the conditioning is for
+        self.family: str = self.text_config["family"]  # the family the conditioning is for
         self.epoch, self.batch_in_epoch = 0, 0
         self._keys: list[str] | None = None
 

@@ -16,9 +16,9 @@ from typing import Any, ClassVar
 import numpy as np
 
 from unirl_core.algorithms.advantages import compute_advantages, per_reward_advantages
-from unirl_core.data.groups import expand_groups
-from unirl_core.train.worker import TrainWorker
-from unirl_core.trainer.plan import plan_rounds
+from unirl_core.controller.round_plan import plan_rounds
+from unirl_core.data.grpo_groups import expand_groups
+from unirl_core.worker.worker import TrainWorker
 
 
 def reduce_metrics(per_rank: list[dict[str, float]]) -> dict[str, float]:
@@ -132,7 +132,7 @@ class WarmupRound(RoundStrategy):
     stage = "warmup"
 
     def __init__(self, controller, precache=None):
-        from unirl_core.train.warmup import open_warmup_data
+        from unirl_core.worker.warmup import open_warmup_data
 
         super().__init__(controller, precache)
         self.data = open_warmup_data(controller.config, precache)
@@ -141,7 +141,7 @@ class WarmupRound(RoundStrategy):
         return {"warmup_data": self.data}
 
     def step(self, stage_step: int, timeout: float, last: bool) -> dict[str, float]:
-        from unirl_core.train.warmup import split_batch
+        from unirl_core.worker.warmup import split_batch
 
         c = self.controller
         started = time.perf_counter()
@@ -164,7 +164,7 @@ class WarmupRound(RoundStrategy):
 
     def _eval(self, timeout: float) -> float:
         """The mean denoising loss on the data's first batch with fixed draws: comparable across the warm-up."""
-        from unirl_core.train.warmup import split_batch
+        from unirl_core.worker.warmup import split_batch
 
         c = self.controller
         saved = self.data.state_dict()

@@ -9,16 +9,16 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from unirl_core.config.schema import TrainConfig
+from unirl_core.controller.controller import latest_record, open_tracker, run_round
+from unirl_core.controller.round_plan import TrainingConfigError, output_dir, plan_rounds
 from unirl_core.summaries import ExportSummary, TrainSummary
-from unirl_core.train.checkpoint import CheckpointError
-from unirl_core.trainer.controller import latest_record, open_tracker, run_round
-from unirl_core.trainer.plan import TrainingConfigError, output_dir, plan_rounds
+from unirl_core.worker.checkpoint import CheckpointError
 
 
 def finalize(config: TrainConfig, run_name: str = "train", registered_model: str | None = None) -> ExportSummary:
     """Export the last checkpoint's adapter (merged pipeline with full fine-tuning) and register it in MLflow as a
     new model version with the alias `tracking.alias`; end the MLflow run. A re-run returns the same export."""
-    from unirl_core.train.export import export_checkpoint
+    from unirl_core.worker.export import export_checkpoint
 
     latest, _ = latest_record(config)
     if latest is None:

@@ -3,10 +3,10 @@ process), resumable from named checkpoint states. See `controller.py` for the lo
 warm-up round do, `grids.py` and `metrics_file.py` for the round's outputs, `plan.py` for the round plan and
 validation, `finalize.py` for the export and the in-process training."""
 
-from unirl_core.trainer.controller import RAY_RECORD, latest_record, run_round
-from unirl_core.trainer.finalize import finalize, train_in_process
-from unirl_core.trainer.metrics_file import METRICS_FILE
-from unirl_core.trainer.plan import (
+from unirl_core.controller.controller import RAY_RECORD, latest_record, run_round
+from unirl_core.controller.finalize import finalize, train_in_process
+from unirl_core.controller.metrics_file import METRICS_FILE
+from unirl_core.controller.round_plan import (
     Round,
     RoundDeadlineError,
     TrainingConfigError,
@@ -14,7 +14,7 @@ from unirl_core.trainer.plan import (
     plan_rounds,
     validate,
 )
-from unirl_core.trainer.rounds import reduce_metrics
+from unirl_core.controller.rounds import reduce_metrics
 
 __all__ = [
     "METRICS_FILE",

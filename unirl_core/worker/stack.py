@@ -31,7 +31,7 @@ def lr_factor(step: int, total: int, schedule: str, warmup: int) -> float:
 
 def clip_gradients(parameters, max_norm: float) -> torch.Tensor:
     """Clip by the global norm, across shards when the parameters are FSDP2 DTensors (every rank gets the same)."""
-    from unirl_core.train.fsdp import full_value
+    from unirl_core.worker.fsdp import full_value
 
     return full_value(torch.nn.utils.clip_grad_norm_(parameters, max_norm))
 
