@@ -135,7 +135,7 @@ def run_round(path: str, out: Path, args, workers: int, images: int) -> dict:
     if len(rows) != args.steps:
         raise RuntimeError(f"ray-{workers}: {len(rows)} step rows reported, expected {args.steps}")
     result = summarize(f"ray-{workers}", workers, max(1, int(cpus)), started, stamps, rows, ended, args.skip, images)
-    result["round_seconds"] = summary["rounds"][0]["seconds"]
+    result["round_seconds"] = summary.rounds[0].seconds
     return result
 
 

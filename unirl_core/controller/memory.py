@@ -75,6 +75,48 @@ def _trainable(denoiser: torch.nn.Module, lora) -> int:
     return sum(p.numel() for name, p in denoiser.named_parameters() if "lora_" in name)
 
 
+def _weights(family, model, parameters: dict, largest_block: int, workers: int, text: int, b: int) -> dict:
+    """Bytes of the weights every phase holds: the denoiser's shard plus one gathered block, the text encoders (none
+    on the device when they live on the CPU), the VAE."""
+    from unirl_core.models.family import text_encoder_placement
+
+    placement = text_encoder_placement(
+        model.text_encoders, "cuda", bool(model.text_embedding_cache), family.text_only_conditioning
+    )
+    return {
+        "denoiser weights (shard + one block)": (parameters[family.denoiser_name] / workers + largest_block) * b,
+        "text encoders" + (" (on the CPU)" if placement == "cpu" else ""): 0 if placement == "cpu" else text * b,
+        "VAE": parameters.get("vae", 0) * b,
+    }
+
+
+def _vae_decode(model, sampling, samples: int, vae_width: int, b: int) -> dict:
+    """{label: bytes} of the rollout's VAE decode: a chunk of `vae_decode_batch` images (tiles of 512 px squares,
+    plus overlap, with `vae_tiling`)."""
+    decode_pixels = sampling.height * sampling.width
+    if model.vae_tiling:
+        decode_pixels = min(sampling.height, 512) * min(sampling.width, 512)
+    decode_batch = min(model.vae_decode_batch, samples)
+    label = f"VAE decode (chunks of {decode_batch}{', tiled' if model.vae_tiling else ''})"
+    return {label: decode_batch * vae_width * decode_pixels * 6 * b}
+
+
+def _tokens(family, sampling, variant: dict) -> int:
+    """Tokens of one sample in the denoiser: the image's (twice with an edit model's reference image) and the
+    text's (the variant's, else a typical count)."""
+    stride = family.latent_stride
+    image_tokens = (sampling.height // stride) * (sampling.width // stride)
+    return image_tokens * (2 if variant.get("reference_image") else 1) + variant.get("text_tokens", TEXT_TOKENS_UNKNOWN)
+
+
+def _activations(per_layer: float, layers: int, checkpointing: bool) -> dict:
+    """{label: bytes} of the training forward's activations: every layer's, or with activation checkpointing the
+    block inputs plus one layer's recomputed."""
+    if checkpointing:
+        return {"activations (checkpointed)": per_layer * (2 * layers / 34 + 1)}
+    return {"activations": per_layer * layers}
+
+
 def memory_plan(config, source: str) -> MemoryPlan:
     """The plan of TrainConfig `config` with the components of `source` (a variant name or a pipeline folder)."""
     from unirl_core.models.registry import family_class
@@ -92,48 +134,26 @@ def memory_plan(config, source: str) -> MemoryPlan:
     sampling = config.sampling
     samples = config.data.prompts_per_rollout * sampling.samples_per_prompt // workers
     cfg = 2 if sampling.guidance_scale > 1.0 and family.cfg_branch else 1
-    stride = family.latent_stride
-    variant = VARIANTS.get(source, {})
-    image_tokens = (sampling.height // stride) * (sampling.width // stride)
-    tokens = image_tokens * (2 if variant.get("reference_image") else 1)
-    tokens += variant.get("text_tokens", TEXT_TOKENS_UNKNOWN)
+    tokens = _tokens(family, sampling, VARIANTS.get(source, {}))
     width = _width(denoiser.config)
     micro = config.algorithm.micro_batch_size or samples
     text = sum(v for k, v in parameters.items() if k.startswith("text_encoder"))
     vae_config = getattr(components.get("vae"), "config", None)
     vae_width = min(getattr(vae_config, "block_out_channels", [128]))
 
-    from unirl_core.models.family import text_encoder_placement
-
     model = config.model
-    placement = text_encoder_placement(
-        model.text_encoders, "cuda", bool(model.text_embedding_cache), family.text_only_conditioning
-    )
-    weights = {
-        "denoiser weights (shard + one block)": (parameters[family.denoiser_name] / workers + largest_block) * b,
-        "text encoders" + (" (on the CPU)" if placement == "cpu" else ""): 0 if placement == "cpu" else text * b,
-        "VAE": parameters.get("vae", 0) * b,
-    }
-    decode_pixels = sampling.height * sampling.width
-    if model.vae_tiling:  # diffusers' tiles: 512 px squares (plus overlap)
-        decode_pixels = min(sampling.height, 512) * min(sampling.width, 512)
-    decode_batch = min(model.vae_decode_batch, samples)
+    weights = _weights(family, model, parameters, largest_block, workers, text, b)
+    decode = _vae_decode(model, sampling, samples, vae_width, b)
     per_layer = micro * cfg * tokens * width * 34 * b / 2
-    layers = len(blocks)
-    checkpointing = config.fsdp.activation_checkpointing
     rollout = {
         **weights,
         "denoiser activations": samples * cfg * tokens * width * 12 * b / 2,
-        f"VAE decode (chunks of {decode_batch}{', tiled' if model.vae_tiling else ''})": (
-            decode_batch * vae_width * decode_pixels * 6 * b
-        ),
+        **decode,
     }
     training = {
         **weights,
         "trainable: weights, gradients, Adam": 16 * trainable / workers,
-        "activations" + (" (checkpointed)" if checkpointing else ""): (
-            per_layer * (2 * layers / 34 + 1) if checkpointing else per_layer * layers
-        ),
+        **_activations(per_layer, len(blocks), config.fsdp.activation_checkpointing),
     }
     return MemoryPlan(
         source=source, family=family.name, parameters=parameters, trainable=trainable, workers=workers,

@@ -36,6 +36,13 @@ def worker_group(
         with LocalGroup(worker_cls, backend, ray_config.collective_timeout_s, ray_config.gpus_per_worker) as group:
             yield group
         return
+    with _ray_group(worker_cls, ray_config, record, backend, credential_names, reward_config) as group:
+        yield group
+
+
+@contextlib.contextmanager
+def _ray_group(worker_cls, ray_config, record: Path, backend, credential_names, reward_config) -> Iterator:
+    """`worker_group`'s Ray transport: the cluster (started locally when no address), checked, then the actors."""
     from unirl_core.distributed.cluster import ray_cluster
     from unirl_core.distributed.resources import (
         cluster_address,

@@ -43,6 +43,28 @@ def start_step(num_steps: int, strength: float) -> int:
     return num_steps - max(1, min(num_steps, int(num_steps * strength)))
 
 
+def with_condition_images(family, samples, sampling, cond, x, schedule, conditions=None):
+    """(conditioning, x, first step) of a batch: unchanged for text-to-image; with condition images, an edit family
+    (`condition_mode == "reference"`) gets them in its conditioning, any other starts image-to-image from the noised
+    image at `start_step`. A batch is all text-to-image or all with condition images."""
+    uris = [condition_uri(s) for s in samples]
+    if not any(uris):
+        return cond, x, 0
+    if not all(uris):
+        plain = next(s.example.prompt_id for s, uri in zip(samples, uris, strict=True) if uri is None)
+        raise ValueError(
+            f"a rollout batch mixes prompts with and without condition images (e.g. prompt {plain}); "
+            "put image-to-image prompts in their own prompt file"
+        )
+    conditions = conditions or ConditionLatents(family)
+    clean = conditions(uris, sampling.width, sampling.height)
+    if family.condition_mode == "reference":  # edit models: the image conditions, the noise is denoised
+        images = conditions.load(uris, sampling.width, sampling.height)
+        return family.with_condition_images(cond, [s.example.prompt for s in samples], images, clean), x, 0
+    start = start_step(sampling.num_inference_steps, sampling.condition_strength)
+    return cond, family.noised(clean, x, start, schedule).float(), start
+
+
 @torch.no_grad()
 def run_rollout(
     family, samples: list[RolloutSample], sampling, algorithm, seed: int, conditions=None, step: int = 0
@@ -63,23 +85,7 @@ def run_rollout(
     noise_ids = [f"prompt:{s.group_id}" if sampling.share_group_noise else s.sample_id for s in samples]
     x = family.initial_noise(noise_ids, seed, shape).float()
     schedule = family.schedule(sampling.num_inference_steps, shape)
-    uris = [condition_uri(s) for s in samples]
-    start = 0
-    if any(uris):
-        if not all(uris):
-            plain = next(s.example.prompt_id for s, uri in zip(samples, uris, strict=True) if uri is None)
-            raise ValueError(
-                f"a rollout batch mixes prompts with and without condition images (e.g. prompt {plain}); "
-                "put image-to-image prompts in their own prompt file"
-            )
-        conditions = conditions or ConditionLatents(family)
-        clean = conditions(uris, sampling.width, sampling.height)
-        if family.condition_mode == "reference":  # edit models: the image conditions, the noise is denoised
-            images = conditions.load(uris, sampling.width, sampling.height)
-            cond = family.with_condition_images(cond, [s.example.prompt for s in samples], images, clean)
-        else:  # image-to-image: denoise the noised image from `start_step`
-            start = start_step(sampling.num_inference_steps, sampling.condition_strength)
-            x = family.noised(clean, x, start, schedule).float()
+    cond, x, start = with_condition_images(family, samples, sampling, cond, x, schedule, conditions)
     plan = plan_steps(algorithm, start, sampling.num_inference_steps, step, seed, [s.sample_id for s in samples])
     schedule = compressed_schedule(algorithm, schedule, plan)
     num_steps = len(schedule) - 1
