@@ -14,7 +14,7 @@ from unirl_core.config import recipe_from_tree
 from unirl_core.config.schema import WarmupConfig
 from unirl_core.data.grpo_groups import expand_groups
 from unirl_core.data.sources import build_source
-from unirl_core.models.families.flux import FluxFamily, pack, unpack
+from unirl_core.models.families.flux.family import FluxFamily, pack, unpack
 from unirl_core.models.registry import build_family, family_class, resolve_model_path
 from unirl_core.rollout.rollout import run_rollout
 from unirl_core.worker.stack import TrainStack, WarmupStack

@@ -16,7 +16,7 @@ from unirl_core.config import recipe_from_tree
 from unirl_core.config.schema import WarmupConfig
 from unirl_core.data.grpo_groups import expand_groups
 from unirl_core.data.sources import build_source
-from unirl_core.models.families.flux2_klein import Flux2KleinFamily, pack, unpack
+from unirl_core.models.families.flux2_klein.family import Flux2KleinFamily, pack, unpack
 from unirl_core.models.registry import build_family, resolve_model_path
 from unirl_core.rollout.rollout import run_rollout
 from unirl_core.worker.stack import TrainStack, WarmupStack

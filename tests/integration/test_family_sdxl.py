@@ -12,7 +12,7 @@ from unirl_core.config import load_recipe
 from unirl_core.config.schema import WarmupConfig
 from unirl_core.data.grpo_groups import expand_groups
 from unirl_core.data.sources import build_source
-from unirl_core.models.families.sdxl import SDXLFamily
+from unirl_core.models.families.sdxl.family import SDXLFamily
 from unirl_core.models.registry import build_family, resolve_model_path, write_tiny_model
 from unirl_core.rollout.rollout import run_rollout
 from unirl_core.rollout.samplers import LOG_SQRT_2PI

@@ -10,8 +10,8 @@ import pytest
 import torch
 from warmup_cache import CAPTIONS, make_warmup_cache
 
-from unirl_core.models.families.sd3 import SD3Family
-from unirl_core.models.families.sd15 import SD15Family
+from unirl_core.models.families.sd3.family import SD3Family
+from unirl_core.models.families.sd15.family import SD15Family
 from unirl_core.models.registry import resolve_model_path
 from unirl_core.worker.warmup import WarmupData, split_batch
 

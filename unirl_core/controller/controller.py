@@ -38,7 +38,7 @@ from unirl_core.controller.rounds import STRATEGIES
 from unirl_core.data.sources import build_source
 from unirl_core.io.storage import permanent_errors_name
 from unirl_core.summaries import RoundSummary
-from unirl_core.worker.checkpoint import CheckpointError, CheckpointManager, config_hash
+from unirl_core.worker.checkpoint import CheckpointError, CheckpointManager, config_hash, legacy_config_hash
 from unirl_core.worker.export import CONFIG_FILE
 from unirl_core.worker.worker import TrainWorker
 
@@ -47,8 +47,9 @@ RAY_RECORD = "ray_processes.json"  # the local Ray of the running round, for the
 
 def checkpoints(config: TrainConfig, states: dict | None = None) -> CheckpointManager:
     identity = {"config_hash": config_hash(config), "world_size": config.ray.workers}
+    accepted = {"config_hash": {legacy_config_hash(config)}}  # checkpoints of this recipe by an earlier unirl
     return CheckpointManager(output_dir(config) / "checkpoints", config.keep_checkpoints, states, identity,
-                             config.checkpoint.on_corrupt)  # fmt: skip
+                             config.checkpoint.on_corrupt, accepted)  # fmt: skip
 
 
 def latest_record(config: TrainConfig) -> tuple[Path | None, dict[str, Any] | None]:

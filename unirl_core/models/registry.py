@@ -6,7 +6,7 @@
     build_family(model, sampling, device)     -> the loaded model the loop drives
     resolve_model_path("tiny:sd3")            -> a tiny pipeline folder in the workspace (built once)
 
-Adding a family: one file in `models/families/` and its line in BUILT_IN.
+Adding a family: one folder in `models/families/` (see its __init__.py); BUILT_IN finds it.
 """
 
 from __future__ import annotations
@@ -18,17 +18,24 @@ import torch
 
 from unirl_core.models.family import Family, text_encoder_placement
 
-BUILT_IN = {
-    "sd3": "unirl_core.models.families.sd3:SD3Family",
-    "sd15": "unirl_core.models.families.sd15:SD15Family",
-    "qwen_image": "unirl_core.models.families.qwen_image:QwenImageFamily",
-    "qwen_image_edit": "unirl_core.models.families.qwen_image:QwenImageEditFamily",
-    "sdxl": "unirl_core.models.families.sdxl:SDXLFamily",
-    "flux2_klein": "unirl_core.models.families.flux2_klein:Flux2KleinFamily",
-    "flux": "unirl_core.models.families.flux:FluxFamily",
-    "flux_schnell": "unirl_core.models.families.flux:FluxSchnellFamily",
-    "flux_kontext": "unirl_core.models.families.flux:FluxKontextFamily",
-}
+
+def _discover() -> dict[str, str]:
+    """{family name: "module:Class"} of every family folder in `models/families/` (their `FAMILIES`)."""
+    import pkgutil
+
+    from unirl_core.models import families
+
+    found = {}
+    for folder in pkgutil.iter_modules(families.__path__):
+        if folder.ispkg:
+            package = importlib.import_module(f"{families.__name__}.{folder.name}")
+            found |= {
+                name: f"{package.__name__}.family:{cls}" for name, cls in getattr(package, "FAMILIES", {}).items()
+            }
+    return found
+
+
+BUILT_IN = _discover()
 _REGISTERED: dict[str, type[Family]] = {}
 
 

@@ -30,7 +30,7 @@ import random
 import re
 import shutil
 import zlib
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Collection, Mapping
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -100,9 +100,31 @@ def verify_files(folder: Path, record: dict[str, Any]) -> None:
 
 def config_hash(config) -> str:
     """Digest of what must not change across a resume: the resolved train config without RESUMABLE_CHANGES."""
+    return _digest(_hashed(config))
+
+
+# Keys every `train.algorithm` section held, at these defaults, before each algorithm had its own config class
+# (diffusion_nft's nft_beta and old_decay_*, flow_dppo's kl_threshold): checkpoints written then carry the hash of
+# a dump with them, and resume under `legacy_config_hash`.
+PRE_PLUGIN_ALGORITHM_KEYS = {"nft_beta": 1.0, "old_decay_rate": 0.001, "old_decay_start": 0, "old_decay_max": 0.5,
+                             "kl_threshold": 1e-5}  # fmt: skip
+
+
+def legacy_config_hash(config) -> str:
+    """The hash the same recipe had before algorithms had their own config classes (same numbers, another dump)."""
+    kept = _hashed(config)
+    kept["algorithm"] = PRE_PLUGIN_ALGORITHM_KEYS | kept["algorithm"]
+    return _digest(kept)
+
+
+def _hashed(config) -> dict:
     kept = config.model_dump(mode="json", exclude=RESUMABLE_CHANGES & set(type(config).model_fields))
     for key in ("steps_per_round", "micro_batch_size"):  # how the warm-up runs, not what it computes
         kept.get("warmup", {}).pop(key, None)
+    return kept
+
+
+def _digest(kept: dict) -> str:
     return hashlib.sha256(json.dumps(kept, sort_keys=True).encode()).hexdigest()[:16]
 
 
@@ -141,18 +163,21 @@ class CheckpointManager:
     """Checkpoints under `root` (the last `keep` committed kept). `states`: named states whose `state_dict()`
     goes into the commit record under its name and comes back through `load_state_dict` on `load()` (the data
     cursor, the advantage tracker, ...); a state named `""` is stored flat (the trainer's own progress).
-    `identity`: keys that must match on resume (config hash, world size), stored flat too. `on_corrupt`: a latest
+    `identity`: keys that must match on resume (config hash, world size), stored flat too; `accepted`: other values
+    of an identity key a checkpoint may carry and still resume (an older hash of the same config). `on_corrupt`: a latest
     checkpoint whose files fail their checksums is an error ("fail"), or is moved aside for the previous one
     ("previous")."""
 
     def __init__(self, root: str | Path, keep: int = 2, states: Mapping[str, Stateful] | None = None,
-                 identity: Mapping[str, Any] | None = None, on_corrupt: str = "fail"):  # fmt: skip
+                 identity: Mapping[str, Any] | None = None, on_corrupt: str = "fail",
+                 accepted: Mapping[str, Collection[Any]] | None = None):  # fmt: skip
         if keep < 2:
             raise ValueError(f"keep={keep}: at least 2 checkpoints are kept, so a failed write never leaves none")
         if on_corrupt not in ON_CORRUPT:
             raise ValueError(f"on_corrupt={on_corrupt!r}: one of {ON_CORRUPT}")
         self.root, self.keep, self.on_corrupt = Path(root), keep, on_corrupt
         self.states, self.identity = dict(states or {}), dict(identity or {})
+        self.accepted = {key: {value, *(accepted or {}).get(key, ())} for key, value in self.identity.items()}
 
     def save(self, step: int, write: Callable[[Path], dict[str, Any]]) -> Path:
         """Checkpoint `step`: an empty folder, the ranks' data through `write(folder)` (a collective; it returns
@@ -170,7 +195,7 @@ class CheckpointManager:
         (None, None) when there is none."""
         folder = folder or self.latest()
         while folder is not None:
-            record = self.read_record(folder, expect=self.identity)
+            record = self.read_record(folder, expect=self.identity, accepted=self.accepted)
             try:
                 verify_files(folder, record)
                 break
@@ -225,15 +250,17 @@ class CheckpointManager:
         return folder
 
     @staticmethod
-    def read_record(folder: Path, expect: dict[str, Any] | None = None) -> dict[str, Any]:
-        """A checkpoint's trainer state; `expect`: keys (config_hash, world_size) that must match the stored ones."""
+    def read_record(folder: Path, expect: dict[str, Any] | None = None,
+                    accepted: Mapping[str, Collection[Any]] | None = None) -> dict[str, Any]:  # fmt: skip
+        """A checkpoint's trainer state; `expect`: keys (config_hash, world_size) that must match the stored ones
+        (or be among `accepted`'s values of the key)."""
         state_path = folder / STATE_FILE
         try:
             record = json.loads(state_path.read_text())
         except (OSError, ValueError) as exc:
             raise CheckpointError(f"{state_path}: unreadable trainer state ({exc})") from None
         for key, value in (expect or {}).items():
-            if record.get(key) != value:
+            if record.get(key) != value and record.get(key) not in (accepted or {}).get(key, ()):
                 raise CheckpointError(
                     f"{state_path}: {key} is {record.get(key)!r} but this run has {value!r}; resume with the same "
                     f"{key}, or start a new output_dir"

@@ -129,7 +129,7 @@ def test_a_family_stepping_off_the_schedule_refuses_post_compress():
     from types import SimpleNamespace
 
     from unirl_core.errors import UserError
-    from unirl_core.models.families.sdxl import SDXLFamily
+    from unirl_core.models.families.sdxl.family import SDXLFamily
     from unirl_core.models.family import Family
 
     sdxl = SimpleNamespace(name="sdxl", sampler=SDXLFamily.sampler, sde_types=SDXLFamily.sde_types,

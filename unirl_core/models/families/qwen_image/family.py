@@ -28,7 +28,7 @@ import numpy as np
 import torch
 
 from unirl_core.algorithms.losses import flow_matching_loss
-from unirl_core.models.families.flux import pack, unpack  # the same 2x2 packing (`_pack_latents`)
+from unirl_core.models.families.flux.family import pack, unpack  # the same 2x2 packing (`_pack_latents`)
 from unirl_core.models.family import Family
 from unirl_core.rollout.noise import Generators, per_sample, randn
 from unirl_core.rollout.samplers import StepResult
@@ -67,7 +67,7 @@ class QwenImageFamily(Family):
 
     @classmethod
     def build_tiny(cls):
-        from unirl_core.models.tiny_qwen_image import build_qwen_image
+        from unirl_core.models.families.qwen_image.tiny import build_qwen_image
 
         return build_qwen_image()
 
@@ -253,13 +253,13 @@ class QwenImageEditFamily(QwenImageFamily):
     denoiser_configs: ClassVar[dict[str, dict]] = {"qwen-image-edit": QWEN_IMAGE_TRANSFORMER}
 
     def __init__(self, path: str, *args, **kwargs):
-        import unirl_core.models.tiny_qwen_image  # noqa: F401  (the tiny folder's processor class, see there)
+        import unirl_core.models.families.qwen_image.tiny  # noqa: F401  (the tiny folder's processor class, see there)
 
         super().__init__(path, *args, **kwargs)
 
     @classmethod
     def build_tiny(cls):
-        from unirl_core.models.tiny_qwen_image import build_qwen_image_edit
+        from unirl_core.models.families.qwen_image.tiny import build_qwen_image_edit
 
         return build_qwen_image_edit()
 

@@ -13,7 +13,7 @@ SDXL's betas, the 0.13025 VAE scaling) at test size, random weights.
 
 from __future__ import annotations
 
-from unirl_core.models.tiny import CLIP_HIDDEN, _clip_config, _tiny_vae, byte_level_clip_tokenizer
+from unirl_core.models.tiny import CLIP_HIDDEN, byte_level_clip_tokenizer, clip_config, tiny_vae
 
 ADDITION_TIME_EMBED_DIM = 8
 NUM_TIME_IDS = 6  # original_size (2) + crops_coords_top_left (2) + target_size (2)
@@ -64,9 +64,9 @@ def build_sdxl():
     )
     scheduler = EulerDiscreteScheduler.from_config(SDXL_SCHEDULER_CONFIG)
     return StableDiffusionXLPipeline(
-        vae=_tiny_vae(scaling_factor=0.13025),  # SDXL's value
-        text_encoder=CLIPTextModel(_clip_config(len(tokenizer), projection=False)),
-        text_encoder_2=CLIPTextModelWithProjection(_clip_config(len(tokenizer), projection=True)),
+        vae=tiny_vae(scaling_factor=0.13025),  # SDXL's value
+        text_encoder=CLIPTextModel(clip_config(len(tokenizer), projection=False)),
+        text_encoder_2=CLIPTextModelWithProjection(clip_config(len(tokenizer), projection=True)),
         tokenizer=tokenizer,
         tokenizer_2=byte_level_clip_tokenizer(),
         unet=unet,

@@ -104,7 +104,7 @@ class FluxFamily(PooledConditioning, Family):
 
     @classmethod
     def build_tiny(cls):
-        from unirl_core.models.tiny_flux import build_flux
+        from unirl_core.models.families.flux.tiny import build_flux
 
         return build_flux()
 
@@ -219,7 +219,7 @@ class FluxSchnellFamily(FluxFamily):
 
     @classmethod
     def build_tiny(cls):
-        from unirl_core.models.tiny_flux import build_flux_schnell
+        from unirl_core.models.families.flux.tiny import build_flux_schnell
 
         return build_flux_schnell()
 
@@ -238,6 +238,6 @@ class FluxKontextFamily(FluxFamily):
 
     @classmethod
     def build_tiny(cls):
-        from unirl_core.models.tiny_flux import build_flux_kontext
+        from unirl_core.models.families.flux.tiny import build_flux_kontext
 
         return build_flux_kontext()

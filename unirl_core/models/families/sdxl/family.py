@@ -101,7 +101,7 @@ class SDXLFamily(PooledConditioning, Family):
 
     @classmethod
     def build_tiny(cls):
-        from unirl_core.models.tiny_sdxl import build_sdxl
+        from unirl_core.models.families.sdxl.tiny import build_sdxl
 
         return build_sdxl()
 

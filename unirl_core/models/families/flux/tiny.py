@@ -14,7 +14,7 @@ multiple of the real model's 16 also works here.
 
 from __future__ import annotations
 
-from unirl_core.models.tiny import T5_HIDDEN, _clip_config, _tiny_vae, byte_level_clip_tokenizer, tiny_t5_config
+from unirl_core.models.tiny import T5_HIDDEN, byte_level_clip_tokenizer, clip_config, tiny_t5_config, tiny_vae
 
 VAE_CHANNELS = 4  # the tiny VAE's latent channels (FLUX.1's real VAE has 16)
 T5_TOKENS = 64  # the tiny T5 tokenizer's model_max_length, which caps the family's max_sequence_length (real: 512)
@@ -42,7 +42,7 @@ def _components(guidance_embeds: bool, scheduler: dict) -> dict:
         attention_head_dim=8,
         num_attention_heads=2,
         joint_attention_dim=T5_HIDDEN,
-        pooled_projection_dim=_clip_config(len(clip_tokenizer), projection=False).hidden_size,
+        pooled_projection_dim=clip_config(len(clip_tokenizer), projection=False).hidden_size,
         guidance_embeds=guidance_embeds,
         axes_dims_rope=(2, 2, 4),  # sums to attention_head_dim
     )
@@ -50,8 +50,8 @@ def _components(guidance_embeds: bool, scheduler: dict) -> dict:
     return dict(
         transformer=transformer,
         scheduler=FlowMatchEulerDiscreteScheduler(**scheduler),
-        vae=_tiny_vae(scaling_factor=0.3611, shift_factor=0.1159),  # FLUX.1's values
-        text_encoder=CLIPTextModel(_clip_config(len(clip_tokenizer), projection=False)),
+        vae=tiny_vae(scaling_factor=0.3611, shift_factor=0.1159),  # FLUX.1's values
+        text_encoder=CLIPTextModel(clip_config(len(clip_tokenizer), projection=False)),
         tokenizer=clip_tokenizer,
         text_encoder_2=T5EncoderModel(t5_config),
         tokenizer_2=t5_tokenizer,

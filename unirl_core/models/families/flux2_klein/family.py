@@ -104,7 +104,7 @@ class Flux2KleinFamily(Family):
 
     @classmethod
     def build_tiny(cls):
-        from unirl_core.models.tiny_flux2_klein import build_flux2_klein
+        from unirl_core.models.families.flux2_klein.tiny import build_flux2_klein
 
         return build_flux2_klein()
 

@@ -19,7 +19,7 @@ class SD15Family(Family):
 
     @classmethod
     def build_tiny(cls):
-        from unirl_core.models.tiny import build_sd15
+        from unirl_core.models.families.sd15.tiny import build_sd15
 
         return build_sd15()
 

@@ -30,7 +30,7 @@ class SD3Family(PooledConditioning, Family):
 
     @classmethod
     def build_tiny(cls):
-        from unirl_core.models.tiny import build_sd3
+        from unirl_core.models.families.sd3.tiny import build_sd3
 
         return build_sd3()
 
