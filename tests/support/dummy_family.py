@@ -20,7 +20,7 @@ import torch
 from unirl_core.algorithms.losses import flow_matching_loss
 from unirl_core.models.family import Family
 from unirl_core.rollout.noise import Generators, per_sample, randn
-from unirl_core.rollout.samplers import StepResult, flow_sde_step
+from unirl_core.rollout.samplers import StepResult
 
 TIMESTEP_SCALE = 1000.0  # the SD3 transformer embeds timesteps in [0, 1000]: sigma 1 -> 1000
 
@@ -84,13 +84,12 @@ class DummyFamily(Family):
             pooled_projections=cond["text_pooled"].to(self.device, self.dtype), return_dict=False,
         )[0]  # fmt: skip
 
-    def transition(self, x, index, eta, cond, schedule, prev_sample=None, generator=None) -> StepResult:
-        sigma, sigma_next = schedule[index], schedule[index + 1]
+    def transition(self, x, index, eta, cond, schedule, prev_sample=None, generator=None, sampling=None) -> StepResult:
         inputs = torch.cat([x, x]) if self.cfg else x
-        velocity = self.velocity(inputs, torch.full((inputs.shape[0],), sigma, device=self.device), cond)
-        return flow_sde_step(
-            self.guided(velocity), x, sigma, sigma_next, eta, sigma_max=schedule[1], prev_sample=prev_sample,
-            generator=generator,
+        velocity = self.velocity(inputs, torch.full((inputs.shape[0],), schedule[index], device=self.device), cond)
+        return self.flow_step(  # the algorithm's sampler (`sampling`), on this family's own schedule
+            self.guided(velocity, sampling), x, index, eta, schedule, prev_sample=prev_sample, generator=generator,
+            sampling=sampling,
         )  # fmt: skip
 
     # --- warm-up -------------------------------------------------------------------------------------------------

@@ -75,10 +75,10 @@ class MetaAdapter:
     def select(self, cond, index):
         return cond
 
-    def use_algorithm(self, algorithm):
-        pass
+    def step_sampling(self, algorithm):
+        return None
 
-    def transition(self, x, index, eta, cond, schedule, prev_sample=None):
+    def transition(self, x, index, eta, cond, schedule, prev_sample=None, sampling=None):
         return SimpleNamespace(log_prob=torch.zeros(len(x), device="meta"))
 
 

@@ -16,7 +16,7 @@ stack calls for one RL step:
 | capability              | meaning                                                                                 |
 |-------------------------|-----------------------------------------------------------------------------------------|
 | `domains`               | which domains it trains (`diffusion`)                                                   |
-| `samplers`              | the stochastic steps (`train.algorithm.sde_type`) it works with                          |
+| `samplers`              | the stochastic steps (`train.algorithm.sde_type`) it works with (None: any)             |
 | `supports_multi_update` | several optimizer steps per rollout (`num_updates_per_batch` > 1) are sound             |
 | `needs_old_means`       | its loss reads pi_old's step means (recorded by `prepare`)                               |
 | `likelihood_free`       | the rollout records no transitions (ODE rollouts; trained on the final latents)         |
@@ -38,7 +38,7 @@ class Algorithm:
 
     config_class: ClassVar[type[AlgorithmConfig]] = AlgorithmConfig
     domains: ClassVar[tuple[str, ...]] = ("diffusion",)
-    samplers: ClassVar[tuple[str, ...]] = ("sde", "cps", "dance")
+    samplers: ClassVar[tuple[str, ...] | None] = None
     supports_multi_update: ClassVar[bool] = True
     needs_old_means: ClassVar[bool] = False
     likelihood_free: ClassVar[bool] = False
@@ -63,7 +63,7 @@ class Algorithm:
                 f"1: `{config.name}` is on-policy (no importance ratio), so a second update would use stale samples; "
                 "use name: grpo for several updates per rollout",
             )
-        if config.sde_type not in cls.samplers:
+        if cls.samplers is not None and config.sde_type not in cls.samplers:
             yield "sde_type", config.sde_type, f"one of {', '.join(cls.samplers)} (what `{config.name}` works with)"
         if cls.likelihood_free and config.sde_window is not None:
             yield "sde_window", "set", f"empty: {config.name} rolls out with the ODE (no SDE steps to window)"

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Annotated, Literal
 
-from pydantic import Field, model_validator
+from pydantic import Field, field_validator, model_validator
 
 from unirl_core.config.schema_base import Count, StrictModel
 
@@ -69,11 +69,20 @@ class AlgorithmConfig(StrictModel):
             data = {**data, "sde_window": {**default.model_dump(exclude_unset=True), **data["sde_window"]}}
         return data
 
-    sde_type: Literal["sde", "cps", "dance"] = "sde"
-    """Flow families' stochastic step: Flow-GRPO's SDE (`sde`, std eta sqrt(sigma / (1 - sigma)) sqrt(|dt|)),
-    Coefficients-Preserving Sampling (`cps`, arXiv 2509.05952: std sigma_next sin(eta pi / 2), the noise level kept
-    exact; flow_grpo's Fast configs use it with eta 0.8), or DanceGRPO's (`dance`, std eta sqrt(|dt|)). DDIM
-    families (sd15, sdxl) take `sde` (their eta sampler) only."""
+    sde_type: str = "sde"
+    """The stochastic step (a sampler of `unirl_core/rollout/samplers/`): Flow-GRPO's SDE (`sde`, std
+    eta sqrt(sigma / (1 - sigma)) sqrt(|dt|); on DDIM families, DDIM with eta), Coefficients-Preserving Sampling
+    (`cps`, arXiv 2509.05952: std sigma_next sin(eta pi / 2), the noise level kept exact; flow_grpo's Fast configs
+    use it with eta 0.8), DanceGRPO's (`dance`, std eta sqrt(|dt|)), or a `Sampler` subclass in any importable
+    module as `package.module:ClassName`. DDIM families (sd15, sdxl) take `sde` (their eta sampler) only."""
+
+    @field_validator("sde_type")
+    @classmethod
+    def _known_sampler(cls, value: str) -> str:
+        from unirl_core.rollout.samplers.registry import sampler_classes
+
+        sampler_classes(value)  # an unknown or unimportable name: its error says what is allowed
+        return value
 
     ode_solver: Literal["euler", "dpm2m"] = "euler"
     """Deterministic (eta 0) rollout steps after the last SDE step: the family's own first-order step (`euler`:

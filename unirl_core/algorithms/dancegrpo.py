@@ -16,7 +16,7 @@ class DanceGRPOConfig(GRPOConfig):
     name: Literal["dancegrpo"] = "dancegrpo"  # type: ignore[assignment]
     """GRPO with DanceGRPO's SDE (eta 0.3) on every step, a random 60% of the steps trained per sample."""
 
-    sde_type: Literal["sde", "cps", "dance"] = "dance"
+    sde_type: str = "dance"
     """DanceGRPO's constant-std SDE."""
 
     eta: Annotated[float, Field(ge=0)] = 0.3

@@ -75,7 +75,7 @@ def old_policy_decay(config: DiffusionNFTConfig, updates: int) -> float:
 def _predict(stack, rollout, x_t, t: int, index: torch.Tensor):
     """The deterministic step of samples `index` from x_t at stored step t: its x0 and model output."""
     cond = stack.family.select(rollout.cond, index)
-    return stack.family.transition(x_t, rollout.steps[t], 0.0, cond, rollout.schedule)
+    return stack.family.transition(x_t, rollout.steps[t], 0.0, cond, rollout.schedule, sampling=stack.step_sampling)
 
 
 class DiffusionNFT(Algorithm):

@@ -17,7 +17,7 @@ def transition(stack, rollout, t: int, index: torch.Tensor, cond: dict):
     """The stored transition `t` of samples `index`, re-evaluated by the family under the current weights."""
     return stack.family.transition(
         rollout.latents_TB[t, index], rollout.steps[t], stack.config.eta, cond, rollout.schedule,
-        prev_sample=rollout.next_latents_TB[t, index],
+        prev_sample=rollout.next_latents_TB[t, index], sampling=stack.step_sampling,
     )  # fmt: skip
 
 

@@ -9,24 +9,27 @@ not). An instance is the model the loop drives (`family` there).
 | text conditioning    | `encode_texts(texts)`, `encode(prompts)` (CFG halves), `text_identity()` (cache key),     |
 |                      | `pack_conditioning` / `unpack_conditioning` (the precache form: one tensor per prompt)    |
 | latents              | `latent_shape(h, w)`, `latent_stride`, `initial_noise(ids, seed, shape)`                  |
-| scheduler, sampler   | `schedule(n, shape)`, `transition(x, i, eta, cond, schedule, ...)`, `noised(x0, noise, i)` |
+| scheduler, sampler   | `schedule(n, shape)`, `transition(x, i, eta, cond, schedule, ..., sampling)`, `noised`,   |
+|                      | `sampler_kind`, `step_sampling(algorithm)` (the sampler and CFG gradient, per call)        |
 | condition images     | `condition_mode`: "start" (image-to-image from the noised image) or "reference" (edit     |
 |                      | models: `with_condition_images(cond, prompts, images, latents)` adds it to the conditioning)|
 | VAE                  | `decode(latents)`, `encode_images(images)`, `encode_pixels(pixels)` (precache)           |
-| CFG                  | `cfg`, `select(cond, index)`, `guided(output)`                                            |
+| CFG                  | `cfg`, `select(cond, index)`, `guided(output, sampling)`, `with_guidance(scale)` (a view) |
 | warm-up target       | `denoising_loss(x0, cond, generators)`                                                    |
 | export               | `export_adapter(folder, base)` (peft + diffusers LoRA), `export_merged(folder, base)`     |
 
-Adding a family is one file in `models/families/` (a `Family` subclass decorated with `@register`, see
-`models/registry.py`) plus its registry line; nothing in the loop changes. The generic parts below assume a diffusers
+Adding a family is one folder in `models/families/` (its `family.py`, `tiny.py`, `real_size.py`; see that package's
+docstring); the registry finds it and nothing in the loop changes. The generic parts below assume a diffusers
 pipeline with a VAE (`vae`, `image_processor`, `vae_scale_factor`); a family that differs overrides them.
 """
 
 from __future__ import annotations
 
 import contextlib
+import copy
 import hashlib
 from abc import ABC, abstractmethod
+from dataclasses import dataclass
 from pathlib import Path
 from typing import ClassVar
 
@@ -41,7 +44,7 @@ from unirl_core.models.text_cache import (
     state_dict_fingerprint,
 )
 from unirl_core.rollout.noise import Generators, sample_seed
-from unirl_core.rollout.samplers import StepResult, cps_step, flow_sde_step
+from unirl_core.rollout.samplers import Sampler, StepResult
 
 TEXT_ENCODER_PREFIX = "text_encoder"  # pipeline components named so are the text encoders (the VLM of edit models too)
 
@@ -59,6 +62,15 @@ def text_encoder_placement(setting: str, device: str, text_cache: bool, text_onl
     return "cpu" if text_cache and text_only_conditioning and not on_cpu else "device"
 
 
+@dataclass(frozen=True)
+class StepSampling:
+    """How an algorithm's transitions sample and train: its sampler and whether the CFG negative branch is detached
+    from the gradient (`Family.step_sampling`)."""
+
+    sampler: Sampler
+    detach_uncond: bool = False
+
+
 class Family(ABC):
     name: ClassVar[str]  # the recipe's `train.model.family`
     pipeline_class: ClassVar[str]  # the diffusers pipeline class that loads the folder
@@ -72,7 +84,6 @@ class Family(ABC):
     sampler: ClassVar[str] = "flow SDE"  # how rollouts sample (shown by `unirl families`)
     guidance: ClassVar[str] = "CFG"  # how `sampling.guidance_scale` is used (shown by `unirl families`)
     cfg_branch: ClassVar[bool] = True  # guidance_scale > 1 runs a negative branch; False: embedded or unused
-    detach_uncond: bool = False  # training: no gradient through the CFG negative branch (see `cfg_halves`)
     text_only_conditioning: ClassVar[bool] = True  # False: a prompt is encoded with its condition image only (no
     # text-only precache or warm-up; e.g. Qwen-Image-Edit's VLM reads the image with the prompt)
 
@@ -248,43 +259,52 @@ class Family(ABC):
         (what `latent_shape(h, w)` returned: resolution-dependent shifts read it)."""
 
     @abstractmethod
-    def transition(self, x, index, eta, cond, schedule, prev_sample=None, generator=None) -> StepResult:
+    def transition(self, x, index, eta, cond, schedule, prev_sample=None, generator=None, sampling=None) -> StepResult:
         """Denoising step `index` from x (float32 [B, C, h, w]) with noise level `eta`; with `prev_sample`, the
-        log-prob of that stored transition. `generator`: one, or one per sample."""
+        log-prob of that stored transition. `generator`: one, or one per sample. `sampling`: the algorithm's
+        `step_sampling` (its sampler and CFG gradient; None: the family's own sampler, both CFG branches)."""
 
-    # flow families' samplers (`algorithm.sde_type`): Flow-GRPO's SDE, CPS, DanceGRPO's constant-std SDE
-    sde_types: ClassVar[tuple[str, ...]] = ("sde", "cps", "dance")
-    sde_type: str = "sde"
+    # the samplers its transitions run (`rollout/samplers`, chosen by `train.algorithm.sde_type`): `flow` (velocity,
+    # sigmas: Flow-GRPO's SDE, CPS, DanceGRPO's SDE) or `ddim` (epsilon, alpha-bars: DDIM with eta)
+    sampler_kind: ClassVar[str] = "flow"
     # transitions read both noise levels off the schedule list, so rollouts may thin it (`sde_window.post_compress`)
     schedule_indexed: ClassVar[bool] = True
 
-    def use_algorithm(self, algorithm) -> None:
-        """Sample and train as `algorithm` says: its sampler (`sde_type`) and CFG gradient (`cfg_gradient`)."""
+    def step_sampling(self, algorithm) -> StepSampling:
+        """How `algorithm` samples and trains on this family: its sampler (`sde_type`) for this family's kind and
+        its CFG gradient (`cfg_gradient`). The rollout, the train stack and evaluation pass it to every transition;
+        the family keeps nothing of it."""
         from unirl_core.errors import UserError
+        from unirl_core.rollout.samplers.registry import BUILT_IN, sampler_for
 
-        if algorithm.sde_type not in self.sde_types:
+        try:
+            sampler = sampler_for(algorithm.sde_type, self.sampler_kind)
+        except UserError:
+            names = [name for name, kinds in BUILT_IN.items() if self.sampler_kind in kinds]
             raise UserError(
                 f"train.algorithm.sde_type: {algorithm.sde_type!r} does not apply to family {self.name!r} "
-                f"({self.sampler}); choose one of {', '.join(self.sde_types)}"
-            )
+                f"({self.sampler}); choose one of {', '.join(names)}"
+            ) from None
         window = algorithm.sde_window
         if window is not None and window.post_compress is not None and not self.schedule_indexed:
             raise UserError(
                 f"train.algorithm.sde_window.post_compress: family {self.name!r} ({self.sampler}) does not step "
                 "along a thinned schedule; leave post_compress empty"
             )
-        self.sde_type = algorithm.sde_type
-        self.detach_uncond = algorithm.cfg_gradient == "detach_uncond"
+        return StepSampling(sampler, algorithm.cfg_gradient == "detach_uncond")
 
-    def flow_step(self, velocity, x, index, eta, schedule, prev_sample=None, generator=None) -> StepResult:
-        """A flow family's step `index` from the guided float32 velocity, by `sde_type` (`sigma_max` = the second
-        sigma: Flow-GRPO's std at sigma = 1)."""
-        sigma, sigma_next = schedule[index], schedule[index + 1]
-        if self.sde_type == "cps":
-            return cps_step(velocity, x, sigma, sigma_next, eta, prev_sample=prev_sample, generator=generator)
-        return flow_sde_step(
-            velocity, x, sigma, sigma_next, eta, sigma_max=schedule[1], prev_sample=prev_sample, generator=generator,
-            constant_std=self.sde_type == "dance",
+    def sampler_of(self, sampling: StepSampling | None) -> Sampler:
+        """`sampling`'s sampler, or this family kind's own (`sde`) when a caller passes none (evaluation)."""
+        from unirl_core.rollout.samplers.registry import sampler_for
+
+        return sampler_for("sde", self.sampler_kind) if sampling is None else sampling.sampler
+
+    def flow_step(self, velocity, x, index, eta, schedule, prev_sample=None, generator=None, sampling=None):
+        """A flow family's step `index` from the guided float32 velocity with `sampling`'s sampler (`sigma_max` =
+        the second sigma: Flow-GRPO's std at sigma = 1)."""
+        return self.sampler_of(sampling).step(
+            velocity, x, schedule[index], schedule[index + 1], eta, level_max=schedule[1], prev_sample=prev_sample,
+            generator=generator,
         )  # fmt: skip
 
     @abstractmethod
@@ -351,18 +371,25 @@ class Family(ABC):
         halves = {k: v.chunk(2) for k, v in cond.items()}
         return {k: torch.cat([negative[index], positive[index]]) for k, (negative, positive) in halves.items()}
 
-    def guided(self, output: torch.Tensor) -> torch.Tensor:
+    def guided(self, output: torch.Tensor, sampling: StepSampling | None = None) -> torch.Tensor:
         """The denoiser's output on [negative, positive] inputs -> the guided float32 prediction."""
         if not self.cfg:
             return output.float()
-        uncond, cond = self.cfg_halves(output)
+        uncond, cond = self.cfg_halves(output, sampling)
         return uncond + self.guidance_scale * (cond - uncond)
 
-    def cfg_halves(self, output: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """(negative, positive) float32 halves of a CFG output; the negative one detached when training with
-        `algorithm.cfg_gradient: detach_uncond` (the train stack sets `detach_uncond`)."""
+    def cfg_halves(self, output: torch.Tensor, sampling: StepSampling | None = None) -> tuple[torch.Tensor, ...]:
+        """(negative, positive) float32 halves of a CFG output; the negative one detached when `sampling` says so
+        (`algorithm.cfg_gradient: detach_uncond`)."""
         uncond, cond = output.float().chunk(2)
-        return (uncond.detach() if self.detach_uncond else uncond), cond
+        return (uncond.detach() if sampling is not None and sampling.detach_uncond else uncond), cond
+
+    def with_guidance(self, guidance_scale: float) -> Family:
+        """This family (the same modules) sampling with another guidance scale: evaluation's `eval_guidance`,
+        without setting anything on the family the rollouts use."""
+        view = copy.copy(self)
+        view.guidance_scale = guidance_scale
+        return view
 
     # --- warm-up ------------------------------------------------------------------------------------------------
 

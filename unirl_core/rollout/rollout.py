@@ -79,7 +79,7 @@ def run_rollout(
     likelihood-free algorithm (DiffusionNFT) rolls out with the ODE (eta 0) and stores no transitions: `steps` are
     then the grid steps it may train on, at fresh noisings of `final_latents`. Deterministic steps run
     `algorithm.ode_solver` after the last SDE step (`OdeSteps`), on the grid `compressed_schedule` leaves."""
-    family.use_algorithm(algorithm)
+    step_sampling = family.step_sampling(algorithm)
     cond = family.encode([s.example.prompt for s in samples])
     shape = family.latent_shape(sampling.height, sampling.width)
     noise_ids = [f"prompt:{s.group_id}" if sampling.share_group_noise else s.sample_id for s in samples]
@@ -96,7 +96,8 @@ def run_rollout(
     ode = OdeSteps(algorithm.ode_solver, lambda i: family.noise_level(i, schedule), num_steps, first_multistep)
     for index in range(start, num_steps):
         stochastic = index in plan.sde and not likelihood_free
-        result = family.transition(x, index, algorithm.eta if stochastic else 0.0, cond, schedule, generator=generators)
+        eta = algorithm.eta if stochastic else 0.0
+        result = family.transition(x, index, eta, cond, schedule, generator=generators, sampling=step_sampling)
         if stochastic:
             before.append(x)
             after.append(result.sample)

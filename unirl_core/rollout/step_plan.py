@@ -33,8 +33,11 @@ class StepPlan:
 
 def last_candidate(algorithm, num_steps: int) -> int:
     """One past the last step that may be stochastic: the last step is left out with `exclude_last_step` and
-    with `cps` (no noise on the step to sigma 0)."""
-    return num_steps - 1 if algorithm.exclude_last_step or algorithm.sde_type == "cps" else num_steps
+    with a sampler that puts no noise on the step to the last level (CPS: `noise_at_last_step`)."""
+    from unirl_core.rollout.samplers.registry import sampler_classes
+
+    noisy_last = all(cls.noise_at_last_step for cls in sampler_classes(algorithm.sde_type))
+    return num_steps - 1 if algorithm.exclude_last_step or not noisy_last else num_steps
 
 
 def window_end(algorithm, num_steps: int) -> int:

@@ -57,7 +57,7 @@ class TrainStack:
             raise ValueError("; ".join(f"train.algorithm.{path}: {bad!r}: {fix}" for path, bad, fix in problems))
         self.family, self.config = family, config
         self.algorithm = build_algorithm(config)
-        family.use_algorithm(config)
+        self.step_sampling = family.step_sampling(config)  # its sampler and CFG gradient, for every transition
         self.optimizer = adamw(family.parameters(), config.learning_rate)
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(
             self.optimizer,

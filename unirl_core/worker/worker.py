@@ -152,20 +152,16 @@ class TrainWorker(TorchWorker):
         import contextlib
 
         prompts, first_index = share
-        sampling, family = self.config.sampling, self.family
+        sampling, family = self.config.sampling, self.family.with_guidance(self.config.sampling.eval_guidance)
         ids = [f"eval:{first_index + i}" for i in range(len(prompts))]
-        rollout_guidance, family.guidance_scale = family.guidance_scale, sampling.eval_guidance
-        try:
-            with self.ema.applied() if self.ema else contextlib.nullcontext():
-                cond = family.encode(prompts)
-                shape = family.latent_shape(sampling.height, sampling.width)
-                x = family.initial_noise(ids, seed, shape).float()
-                schedule = family.schedule(sampling.eval_steps, shape)
-                for index in range(sampling.eval_steps):
-                    x = family.transition(x, index, 0.0, cond, schedule).sample
-                return family.decode(x)
-        finally:
-            family.guidance_scale = rollout_guidance
+        with self.ema.applied() if self.ema else contextlib.nullcontext():
+            cond = family.encode(prompts)
+            shape = family.latent_shape(sampling.height, sampling.width)
+            x = family.initial_noise(ids, seed, shape).float()
+            schedule = family.schedule(sampling.eval_steps, shape)
+            for index in range(sampling.eval_steps):
+                x = family.transition(x, index, 0.0, cond, schedule, sampling=self.stack.step_sampling).sample
+            return family.decode(x)
 
     # --- checkpoints ------------------------------------------------------------------------------------------
 

@@ -132,8 +132,8 @@ def test_a_family_stepping_off_the_schedule_refuses_post_compress():
     from unirl_core.models.families.sdxl.family import SDXLFamily
     from unirl_core.models.family import Family
 
-    sdxl = SimpleNamespace(name="sdxl", sampler=SDXLFamily.sampler, sde_types=SDXLFamily.sde_types,
+    sdxl = SimpleNamespace(name="sdxl", sampler=SDXLFamily.sampler, sampler_kind=SDXLFamily.sampler_kind,
                            schedule_indexed=SDXLFamily.schedule_indexed)  # fmt: skip
     config = algorithm_config({"name": "mixgrpo_flash"})
     with pytest.raises(UserError, match="sde_window.post_compress: family 'sdxl'"):
-        Family.use_algorithm(sdxl, config)
+        Family.step_sampling(sdxl, config)

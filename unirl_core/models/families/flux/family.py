@@ -176,12 +176,13 @@ class FluxFamily(PooledConditioning, Family):
         )[0]  # fmt: skip
         return unpack(output[:, : (h // 2) * (w // 2)].float(), h, w)
 
-    def transition(self, x, index, eta, cond, schedule, prev_sample=None, generator=None) -> StepResult:
+    def transition(self, x, index, eta, cond, schedule, prev_sample=None, generator=None, sampling=None) -> StepResult:
         sigma = schedule[index]
         # the pipeline's float32 timestep t = 1000 sigma, divided by 1000 again on the way in
         timestep = torch.full((x.shape[0],), sigma, dtype=torch.float32) * 1000.0
         velocity = self.velocity(x.float(), timestep.to(self.dtype) / 1000.0, cond)
-        return self.flow_step(velocity, x, index, eta, schedule, prev_sample=prev_sample, generator=generator)
+        return self.flow_step(velocity, x, index, eta, schedule, prev_sample=prev_sample, generator=generator,
+                              sampling=sampling)  # fmt: skip
 
     # --- warm-up ------------------------------------------------------------------------------------------------
 

@@ -174,15 +174,15 @@ class Flux2KleinFamily(Family):
         )[0]  # fmt: skip
         return unpack(output[:, : h * w].float(), h, w)
 
-    def transition(self, x, index, eta, cond, schedule, prev_sample=None, generator=None) -> StepResult:
+    def transition(self, x, index, eta, cond, schedule, prev_sample=None, generator=None, sampling=None) -> StepResult:
         sigma = schedule[index]
         inputs = torch.cat([x, x]) if self.cfg else x
         # the pipeline's timestep: t = 1000 sigma (float32), passed as t / 1000
         timestep = torch.full((inputs.shape[0],), sigma * 1000.0, device=self.device) / 1000
         velocity = self.velocity(inputs, timestep, cond)
         return self.flow_step(
-            self.guided(velocity), x, index, eta, schedule, prev_sample=prev_sample,
-            generator=generator,
+            self.guided(velocity, sampling), x, index, eta, schedule, prev_sample=prev_sample,
+            generator=generator, sampling=sampling,
         )  # fmt: skip
 
     def denoising_loss(self, clean_latents: torch.Tensor, cond: dict, generator: Generators) -> torch.Tensor:

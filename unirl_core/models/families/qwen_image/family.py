@@ -174,18 +174,19 @@ class QwenImageFamily(Family):
         )[0]  # fmt: skip
         return output[:, : (h // 2) * (w // 2)]
 
-    def transition(self, x, index, eta, cond, schedule, prev_sample=None, generator=None) -> StepResult:
+    def transition(self, x, index, eta, cond, schedule, prev_sample=None, generator=None, sampling=None) -> StepResult:
         sigma = schedule[index]
         inputs = torch.cat([x, x]) if self.cfg else x
         sigma_B = torch.full((inputs.shape[0],), sigma, dtype=torch.float32, device=self.device)
-        velocity = unpack(self.guided(self.velocity(inputs, sigma_B, cond)), *x.shape[-2:])
-        return self.flow_step(velocity, x, index, eta, schedule, prev_sample=prev_sample, generator=generator)
+        velocity = unpack(self.guided(self.velocity(inputs, sigma_B, cond), sampling), *x.shape[-2:])
+        return self.flow_step(velocity, x, index, eta, schedule, prev_sample=prev_sample, generator=generator,
+                              sampling=sampling)  # fmt: skip
 
     # --- classifier-free guidance -------------------------------------------------------------------------------
 
-    def guided(self, output: torch.Tensor) -> torch.Tensor:
+    def guided(self, output: torch.Tensor, sampling=None) -> torch.Tensor:
         """Packed outputs [(2)B, N, 4C] -> float32: true CFG with the norm rescale (`true_cfg`)."""
-        return true_cfg(*self.cfg_halves(output), self.guidance_scale) if self.cfg else output.float()
+        return true_cfg(*self.cfg_halves(output, sampling), self.guidance_scale) if self.cfg else output.float()
 
     # --- VAE ----------------------------------------------------------------------------------------------------
 

@@ -7,7 +7,7 @@ import torch
 
 from unirl_core.models.family import Family
 from unirl_core.rollout.noise import Generators, per_sample, randn
-from unirl_core.rollout.samplers import StepResult, ddim_step
+from unirl_core.rollout.samplers import StepResult
 
 
 class SD15Family(Family):
@@ -15,7 +15,7 @@ class SD15Family(Family):
     latent_stride = 8  # VAE 8
     text_only_skip = ("unet", "vae", "safety_checker", "feature_extractor")
     sampler = "DDIM + eta"
-    sde_types = ("sde",)  # `sde` is the DDIM eta sampler here
+    sampler_kind = "ddim"  # `sde` is the DDIM eta sampler here
 
     @classmethod
     def build_tiny(cls):
@@ -42,7 +42,7 @@ class SD15Family(Family):
         alpha = self.pipeline.scheduler.alphas_cumprod[schedule[index]].item()
         return alpha**0.5 * clean + (1 - alpha) ** 0.5 * noise
 
-    def transition(self, x, index, eta, cond, schedule, prev_sample=None, generator=None) -> StepResult:
+    def transition(self, x, index, eta, cond, schedule, prev_sample=None, generator=None, sampling=None) -> StepResult:
         scheduler = self.pipeline.scheduler
         t, t_prev = schedule[index], schedule[index + 1]
         alpha = scheduler.alphas_cumprod[t].item()
@@ -50,7 +50,9 @@ class SD15Family(Family):
         inputs = torch.cat([x, x]) if self.cfg else x
         timestep = torch.full((inputs.shape[0],), t, device=self.device)
         eps = self.trainable(inputs.to(self.dtype), timestep, encoder_hidden_states=cond["embeds"], return_dict=False)
-        return ddim_step(self.guided(eps[0]), x, alpha, alpha_prev, eta, prev_sample=prev_sample, generator=generator)
+        return self.sampler_of(sampling).step(
+            self.guided(eps[0], sampling), x, alpha, alpha_prev, eta, prev_sample=prev_sample, generator=generator
+        )
 
     def denoising_loss(self, clean_latents: torch.Tensor, cond: dict, generator: Generators) -> torch.Tensor:
         """DDPM's epsilon loss. Per sample, from `generator` (in this order): t uniform in

@@ -54,7 +54,7 @@ class SD3Family(PooledConditioning, Family):
         sigma = schedule[index]
         return (1 - sigma) * clean + sigma * noise
 
-    def transition(self, x, index, eta, cond, schedule, prev_sample=None, generator=None) -> StepResult:
+    def transition(self, x, index, eta, cond, schedule, prev_sample=None, generator=None, sampling=None) -> StepResult:
         sigma = schedule[index]
         inputs = torch.cat([x, x]) if self.cfg else x
         timestep = torch.full((inputs.shape[0],), sigma * 1000.0, device=self.device)
@@ -63,8 +63,8 @@ class SD3Family(PooledConditioning, Family):
             pooled_projections=cond["pooled"], return_dict=False,
         )[0]  # fmt: skip
         return self.flow_step(
-            self.guided(velocity), x, index, eta, schedule, prev_sample=prev_sample,
-            generator=generator,
+            self.guided(velocity, sampling), x, index, eta, schedule, prev_sample=prev_sample,
+            generator=generator, sampling=sampling,
         )  # fmt: skip
 
     def denoising_loss(self, clean_latents: torch.Tensor, cond: dict, generator: Generators) -> torch.Tensor:

@@ -25,7 +25,7 @@ import torch
 
 from unirl_core.models.family import Family, PooledConditioning
 from unirl_core.rollout.noise import Generators, per_sample, randn
-from unirl_core.rollout.samplers import StepResult, ddim_step
+from unirl_core.rollout.samplers import StepResult
 
 # stabilityai/stable-diffusion-xl-base-1.0 unet/config.json (diffusers 0.19 export; the defaults of diffusers 0.42
 # left out): 2816 = pooled 1280 + 6 time ids x 256
@@ -72,7 +72,7 @@ class SDXLFamily(PooledConditioning, Family):
     latent_stride = 8  # VAE 8 (the tiny VAE's 2 is read from the pipeline's vae_scale_factor in latent_shape)
     text_only_skip = ("unet", "vae", "image_encoder", "feature_extractor")
     sampler = "DDIM + eta"
-    sde_types = ("sde",)  # `sde` is the DDIM eta sampler here
+    sampler_kind = "ddim"  # `sde` is the DDIM eta sampler here
     schedule_indexed = False  # the next timestep is DDIMScheduler.step's t - 1000 // n, not the schedule's next entry
     # diffusers' examples/dreambooth/train_dreambooth_lora_sdxl.py (the UNet's attention projections)
     lora_targets: ClassVar[tuple[str, ...]] = ("to_k", "to_q", "to_v", "to_out.0")
@@ -160,14 +160,14 @@ class SDXLFamily(PooledConditioning, Family):
         alpha = self.alpha_prod(schedule[index])
         return alpha**0.5 * clean + (1 - alpha) ** 0.5 * noise
 
-    def transition(self, x, index, eta, cond, schedule, prev_sample=None, generator=None) -> StepResult:
+    def transition(self, x, index, eta, cond, schedule, prev_sample=None, generator=None, sampling=None) -> StepResult:
         """DDIM from t to t - 1000 // num_steps, as `DDIMScheduler.step` (the next timestep with leading spacing)."""
         t = schedule[index]
         t_prev = t - self.scheduler.config.num_train_timesteps // (len(schedule) - 1)
         inputs = torch.cat([x, x]) if self.cfg else x
         eps = self.eps(inputs, torch.full((inputs.shape[0],), t, device=self.device), cond)
-        return ddim_step(
-            self.guided(eps), x, self.alpha_prod(t), self.alpha_prod(t_prev), eta, prev_sample=prev_sample,
+        return self.sampler_of(sampling).step(
+            self.guided(eps, sampling), x, self.alpha_prod(t), self.alpha_prod(t_prev), eta, prev_sample=prev_sample,
             generator=generator,
         )  # fmt: skip
 
