@@ -60,13 +60,13 @@ def latest_record(config: TrainConfig) -> tuple[Path | None, dict[str, Any] | No
 class Progress:
     """The trainer's own place in the run, stored flat in the commit record."""
 
-    def __init__(self, round_: Round, tracker):
-        self.round, self.tracker, self.step = round_, tracker, round_.first
+    def __init__(self, round_: Round, mlflow_run):
+        self.round, self.mlflow_run, self.step = round_, mlflow_run, round_.first
 
     def state_dict(self) -> dict[str, Any]:
         step = self.step
         return {"global_step": step, "stage": self.round.stage, "stage_step": step - self.round.stage_start,
-                "round": self.round.index, "mlflow_run_id": self.tracker.run_id}  # fmt: skip
+                "round": self.round.index, "mlflow_run_id": self.mlflow_run.run_id}  # fmt: skip
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.step = state["global_step"] + 1
@@ -76,17 +76,19 @@ class Controller:
     """One round on the controller: the group, the data source, the advantage tracker, the round's strategy (RL or
     warm-up: `rounds.py`), the checkpoints of their named states, the metrics file, the grids and tracking."""
 
-    def __init__(self, config: TrainConfig, round_: Round, group, tracker, precache, on_step):
-        self.config, self.round, self.group, self.tracker, self.on_step = config, round_, group, tracker, on_step
+    def __init__(self, config: TrainConfig, round_: Round, group, mlflow_run, precache, on_step):
+        self.config, self.round, self.group, self.mlflow_run, self.on_step = config, round_, group, mlflow_run, on_step
         self.out = output_dir(config)
         self.workers = config.ray.workers
         self.source = build_source(config.data)
         algorithm = config.algorithm
         self.advantage_tracker = PerPromptStatTracker(algorithm.tracker_buffer_size, algorithm.tracker_min_count)
-        self.progress = Progress(round_, tracker)
+        self.progress = Progress(round_, mlflow_run)
         self.metrics_file = MetricsFile(self.out)
-        self.grids = Grids(config, round_, group, tracker, self.out)
+        self.grids = Grids(config, round_, group, mlflow_run, self.out)
         self.strategy = STRATEGIES[round_.stage](self, precache)
+        # "tracker": the advantage tracker's state key in commit records (kept: checkpoints carry it); MLflow's run is
+        # `mlflow_run`
         states = {"": self.progress, "source": self.source, "tracker": self.advantage_tracker}
         self.checkpoints = checkpoints(config, states | self.strategy.states())
         self.last_checkpoint: Path | None = None
@@ -100,7 +102,7 @@ class Controller:
 
     def resume(self, latest: Path | None, record: dict | None) -> None:
         """Continue after the latest checkpoint: the same stage restores everything (weights, optimizer, EMA,
-        schedule, RNG, data cursor, tracker); a new stage starts from the trained weights alone."""
+        schedule, RNG, data cursor, advantage tracker); a new stage starts from the trained weights alone."""
         if record is None:
             return
         same = record["stage"] == self.round.stage
@@ -151,7 +153,7 @@ class Controller:
     def log(self, step: int, metrics: dict[str, Any]) -> None:
         row = {"step": step, "stage": self.round.stage, "round": self.round.index, **metrics}
         self.metrics_file.append(row)
-        self.tracker.log_metrics({k: v for k, v in metrics.items() if isinstance(v, int | float)}, step)
+        self.mlflow_run.log_metrics({k: v for k, v in metrics.items() if isinstance(v, int | float)}, step)
         if self.on_step:
             self.on_step(row)
 
@@ -162,9 +164,9 @@ def open_tracker(config: TrainConfig, run_name: str, tags: dict[str, str] | None
     from unirl_core.tracking.run_tracker import RunTracker, flatten
 
     recipe = config.model_dump(mode="json")
-    tracker = RunTracker(output_dir(config), config.tracking.experiment, run_name, tags)
-    tracker.open(key_params(flatten(recipe)), recipe, run_description(recipe, run_name, tags or {}))
-    return tracker
+    mlflow_run = RunTracker(output_dir(config), config.tracking.experiment, run_name, tags)
+    mlflow_run.open(key_params(flatten(recipe)), recipe, run_description(recipe, run_name, tags or {}))
+    return mlflow_run
 
 
 def run_round(
@@ -189,23 +191,23 @@ def run_round(
     if done_through >= round_.end - 1:
         return RoundSummary(**plan, skipped=True, checkpoint=str(latest), resumed_from=done_through)
     output_dir(config).mkdir(parents=True, exist_ok=True)
-    tracker = open_tracker(config, run_name, tags)
+    mlflow_run = open_tracker(config, run_name, tags)
     if round_.first == 0 and record is None:
-        _log_inputs(tracker, config, precache)
+        _log_inputs(mlflow_run, config, precache)
     credentials = worker_credentials(config)
     rewards = config.reward if STRATEGIES[round_.stage].scores_rewards else None
     with (
         worker_group(TrainWorker, config.ray, output_dir(config) / RAY_RECORD, local, credentials, rewards) as group,
         served_rewards(rewards, local, group) as served,
-        tracker.system_metrics(),
+        mlflow_run.system_metrics(),
     ):
         shards = group.run(TrainWorker.build, config.model_dump_json(), round_.stage, served)
-        controller = Controller(config, round_, group, tracker, precache, on_step)
+        controller = Controller(config, round_, group, mlflow_run, precache, on_step)
         metrics, outputs = controller.run(latest, record, deadline)
         group.run(TrainWorker.teardown)
     return RoundSummary(
         **plan, **outputs, checkpoint=str(controller.last_checkpoint), resumed_from=done_through,
-        shard_elements=shards, metrics=metrics, mlflow_run_id=tracker.run_id, seconds=time.monotonic() - started,
+        shard_elements=shards, metrics=metrics, mlflow_run_id=mlflow_run.run_id, seconds=time.monotonic() - started,
     )  # fmt: skip
 
 
@@ -241,14 +243,14 @@ def _done_through(round_: Round, record: dict | None) -> int:
     return done_through
 
 
-def _log_inputs(tracker, config: TrainConfig, precache) -> None:
+def _log_inputs(mlflow_run, config: TrainConfig, precache) -> None:
     source = build_source(config.data)
     fingerprint = source.fingerprint() if hasattr(source, "fingerprint") else "unknown"
-    tracker.log_dataset("prompts", config.data.data_path or config.data.source, fingerprint)
+    mlflow_run.log_dataset("prompts", config.data.data_path or config.data.source, fingerprint)
     if config.warmup.steps and precache is not None:
         import hashlib
 
         from unirl_core.precache.read import done_records
 
         digest = hashlib.sha256(json.dumps(done_records(precache.output_dir), sort_keys=True).encode()).hexdigest()
-        tracker.log_dataset("precache", precache.output_dir, digest)
+        mlflow_run.log_dataset("precache", precache.output_dir, digest)

@@ -12,8 +12,8 @@ from unirl_core.worker.worker import TrainWorker
 
 
 class Grids:
-    def __init__(self, config, round_, group, tracker, out: Path):
-        self.config, self.round, self.group, self.tracker, self.out = config, round_, group, tracker, out
+    def __init__(self, config, round_, group, mlflow_run, out: Path):
+        self.config, self.round, self.group, self.mlflow_run, self.out = config, round_, group, mlflow_run, out
         self.workers = config.ray.workers
 
     def evaluate(self, step: int, timeout: float) -> str:
@@ -59,7 +59,7 @@ class Grids:
         grid.save(buffer, format="PNG")
         path.parent.mkdir(parents=True, exist_ok=True)
         write_bytes_atomic(str(path), buffer.getvalue())
-        self.tracker.log_image(grid, key=key, step=self.grid_number(key), file=path)
+        self.mlflow_run.log_image(grid, key=key, step=self.grid_number(key), file=path)
         return str(path)
 
     def grid_number(self, key: str) -> int:

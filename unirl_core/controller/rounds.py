@@ -49,7 +49,7 @@ def reward_metrics(scores: dict[str, list[float]]) -> dict[str, float]:
 
 
 class RoundStrategy:
-    """One stage's round, driven by the `Controller` (`controller`: its config, group, tracker, progress, outputs)."""
+    """One stage's round, driven by the `Controller` (`controller`: its config, group, mlflow_run, progress, outputs)."""
 
     stage: ClassVar[str]  # the label written in commit records and metric rows
     scores_rewards: ClassVar[bool] = False  # the workers load the reward models
@@ -154,12 +154,12 @@ class WarmupRound(RoundStrategy):
     def before_steps(self, deadline: float) -> dict[str, Any]:
         """The eval loss before the round's steps, logged at its first step."""
         loss = self._eval(deadline - time.monotonic())
-        self.controller.tracker.log_metrics({"warmup_eval_loss": loss}, self.controller.progress.step)
+        self.controller.mlflow_run.log_metrics({"warmup_eval_loss": loss}, self.controller.progress.step)
         return {"warmup_eval_loss_before": loss}
 
     def after_steps(self, deadline: float) -> dict[str, Any]:
         loss = self._eval(deadline - time.monotonic())
-        self.controller.tracker.log_metrics({"warmup_eval_loss": loss}, self.controller.round.end - 1)
+        self.controller.mlflow_run.log_metrics({"warmup_eval_loss": loss}, self.controller.round.end - 1)
         return {"warmup_eval_loss": loss}
 
     def _eval(self, timeout: float) -> float:
