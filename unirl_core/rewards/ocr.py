@@ -36,7 +36,6 @@ from typing import Any
 import numpy as np
 import torch
 from PIL import Image
-from rapidfuzz.distance import Levenshtein
 
 from unirl_core.rewards.errors import RewardError
 
@@ -62,6 +61,8 @@ def ocr_reward(recognized: str, prompt: str) -> float:
     read = recognized.replace(" ", "").lower()
     if target in read:
         return 1.0
+    from rapidfuzz.distance import Levenshtein  # here: a GPU node without rapidfuzz imports this module fine
+
     return 1.0 - min(Levenshtein.distance(read, target), len(target)) / len(target)
 
 
