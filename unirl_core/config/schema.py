@@ -195,7 +195,8 @@ AlgorithmSection = Annotated[
         custom_error_message=f"unknown algorithm name: choose one of {', '.join(BUILT_IN)}, or name an Algorithm "
         "subclass as 'package.module:ClassName'",
     ),
-]
+    Field(json_schema_extra=lambda schema: schema.update(anyOf=schema.pop("oneOf"))),  # `name` may be left out:
+]  # several members then match, which JSON Schema's oneOf (exactly one) refuses and anyOf accepts
 
 
 class ClipRewardConfig(StrictModel):
