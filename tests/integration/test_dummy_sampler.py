@@ -19,7 +19,7 @@ class Killed(Exception):
 
 
 def config(**overrides):
-    sets = {"train.algorithm.sde_type": NAME, "train.steps": 4, "train.checkpoint_every": 1,
+    sets = {"train.algorithm.sde_type": NAME, "train.steps": 3, "train.checkpoint_every": 1,
             "train.eval_every_rounds": 0, **overrides}  # fmt: skip
     return load_recipe("demo", [f"{k}={v}" for k, v in sets.items()]).train
 
@@ -27,7 +27,7 @@ def config(**overrides):
 def test_the_sampler_rolls_out_trains_and_resumes_bitwise(tmp_path, mlflow_uri):
     train = config()
     straight = train_locally(train, tmp_path / "a")
-    plain = train_locally(config(**{"train.algorithm.sde_type": "sde"}), tmp_path / "plain")
+    plain = train_locally(config(**{"train.algorithm.sde_type": "sde", "train.steps": 1}), tmp_path / "plain")
     assert straight[0]["ratio_mean"] == 1.0 and all(row["grad_norm"] > 0 for row in straight)
     assert straight[0]["reward_mean"] != plain[0]["reward_mean"]  # its own noise scale reached the images
 

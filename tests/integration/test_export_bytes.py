@@ -32,12 +32,13 @@ def digests(folder: Path) -> dict[str, str]:
 
 
 def test_identical_weights_export_the_same_bytes_under_different_hash_seeds(tmp_path):
+    """Two processes (two hash seeds, two safetensors map orders) write the same folder's bytes."""
     env = {**os.environ, "UNIRL_HOME": str(tmp_path / "home")}
-    for seed in ("1", "2", "3"):
+    for seed in ("1", "2"):
         subprocess.run([sys.executable, "-c", EXPORT, str(tmp_path / seed)], env={**env, "PYTHONHASHSEED": seed},
                        check=True, capture_output=True)  # fmt: skip
     first = digests(tmp_path / "1")
     assert {"adapter_config.json", "adapter_model.safetensors", "pytorch_lora_weights.safetensors"} <= set(first)
-    assert digests(tmp_path / "2") == first and digests(tmp_path / "3") == first
+    assert digests(tmp_path / "2") == first
     config = (tmp_path / "1" / "adapter_config.json").read_text()
     assert '"norm_out.linear",\n    "proj_out",\n    "to_k"' in config  # sorted
