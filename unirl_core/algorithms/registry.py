@@ -11,10 +11,9 @@ This is the only place an algorithm's name is looked up; the loop reads capabili
 
 from __future__ import annotations
 
-import importlib
-
 from unirl_core.algorithms.base import Algorithm
 from unirl_core.algorithms.config import AlgorithmConfig
+from unirl_core.plugins import load_class
 
 BUILT_IN = {
     "grpo": "unirl_core.algorithms.grpo:GRPO",
@@ -40,14 +39,7 @@ def algorithm_class(name: str) -> type[Algorithm]:
             f"algorithm {name!r} is unknown: choose one of {', '.join(BUILT_IN)}, or name an Algorithm subclass as "
             "'package.module:ClassName'"
         )
-    module, _, attribute = target.partition(":")
-    try:
-        cls = getattr(importlib.import_module(module), attribute)
-    except (ImportError, AttributeError) as exc:
-        raise UnknownAlgorithmError(f"algorithm {name!r} cannot be imported ({exc})") from None
-    if not (isinstance(cls, type) and issubclass(cls, Algorithm)):
-        raise UnknownAlgorithmError(f"algorithm {name!r} is not a subclass of unirl_core.algorithms.base.Algorithm")
-    return cls
+    return load_class(target, Algorithm, f"algorithm {name!r}", UnknownAlgorithmError)
 
 
 def builtin_configs() -> dict[str, type[AlgorithmConfig]]:

@@ -17,6 +17,7 @@ from pathlib import Path
 import torch
 
 from unirl_core.models.family import Family, text_encoder_placement
+from unirl_core.plugins import load_class
 
 
 def _discover() -> dict[str, str]:
@@ -62,14 +63,7 @@ def family_class(name: str) -> type[Family]:
         )
     if isinstance(target, type):
         return target
-    module, _, attribute = target.partition(":")
-    try:
-        cls = getattr(importlib.import_module(module), attribute)
-    except (ImportError, AttributeError) as exc:
-        raise UnknownFamilyError(f"model family {name!r} cannot be imported ({exc})") from None
-    if not (isinstance(cls, type) and issubclass(cls, Family)):
-        raise UnknownFamilyError(f"model family {name!r} is not a subclass of unirl_core.models.family.Family")
-    return cls
+    return load_class(target, Family, f"model family {name!r}", UnknownFamilyError)
 
 
 def build_tiny_pipeline(family: str, seed: int = 0):

@@ -10,9 +10,9 @@ Adding a sampler: one module here and its line in BUILT_IN, or no line: name it 
 from __future__ import annotations
 
 import functools
-import importlib
 
 from unirl_core.errors import UserError
+from unirl_core.plugins import load_class
 from unirl_core.rollout.samplers.base import Sampler
 
 BUILT_IN: dict[str, dict[str, str]] = {  # name -> {family kind: "module:Class"}
@@ -49,11 +49,4 @@ def sampler_for(name: str, kind: str) -> Sampler:
 
 
 def _load(target: str, name: str) -> type[Sampler]:
-    module, _, attribute = target.partition(":")
-    try:
-        cls = getattr(importlib.import_module(module), attribute)
-    except (ImportError, AttributeError) as exc:
-        raise UnknownSamplerError(f"sampler {name!r} cannot be imported ({exc})") from None
-    if not (isinstance(cls, type) and issubclass(cls, Sampler)):
-        raise UnknownSamplerError(f"sampler {name!r} is not a subclass of unirl_core.rollout.samplers.base.Sampler")
-    return cls
+    return load_class(target, Sampler, f"sampler {name!r}", UnknownSamplerError)
