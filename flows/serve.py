@@ -85,6 +85,18 @@ class Servers:
                 [_bin("prefect"), "worker", "start", "--pool", self.pool, "--type", "process"],
                 {"PREFECT_API_URL": f"{self.prefect_url}/api"},
             )
+            self._wait_for_pool(deadline)
+
+    def _wait_for_pool(self, deadline: float) -> None:
+        """Until the worker has created its work pool: `prefect deploy` right after `serve` is ready (what it prints)
+        would otherwise find no pool and fail."""
+        url = f"{self.prefect_url}/api/work_pools/{self.pool}"
+        while not _ready(url):
+            if self.processes["worker"].poll() is not None:
+                raise RuntimeError(f"the worker exited with code {self.processes['worker'].returncode}")
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"work pool {self.pool} not created within the start deadline")
+            time.sleep(0.5)
 
     def stop(self, grace: float = 20) -> None:
         for process in self.processes.values():
