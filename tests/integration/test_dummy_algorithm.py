@@ -9,7 +9,6 @@ import torch
 from local_training import comparable, train_locally
 
 from unirl_core.config import RecipeError, load_recipe
-from unirl_core.worker.checkpoint import CheckpointManager
 
 pytestmark = pytest.mark.slow
 
@@ -44,8 +43,7 @@ def test_the_algorithm_trains_checkpoints_its_state_and_resumes_bitwise(tmp_path
     resumed = train_locally(train, tmp_path / "b")
     assert [row["step"] for row in resumed] == [2, 3]
     assert comparable(first[:2] + resumed) == comparable(straight)  # the scale came back from the checkpoint
-    latest = CheckpointManager(tmp_path / "b" / "checkpoints").latest()
-    assert any("advantage_scale" in path.name or path.suffix == ".distcp" for path in latest.iterdir())
+    assert resumed[0]["advantage_scale"] != 1.0  # restored, not restarted (a fresh scale is 1 at its first step)
     assert not torch.isnan(torch.tensor([row["loss"] for row in resumed])).any()
 
 
