@@ -352,13 +352,14 @@ def _local_overrides(device: str) -> list[str]:
 
 def _train_rounds(recipe, local: bool = False) -> None:
     from unirl_core.controller import plan_rounds, validate
+    from unirl_core.domains.registry import domain_class
     from unirl_core.worker.metrics_summary import reward_trend
 
     config = recipe.train
     validate(config, recipe.precache)  # before any Prefect or Ray work
     rounds = plan_rounds(config)
     typer.echo(
-        f"training {config.model.family} ({config.model.path}): {len(rounds)} rounds "
+        f"training {domain_class(config.domain.name).title(config)}: {len(rounds)} rounds "
         f"({config.warmup.steps} warm-up + {config.steps} RL steps) on "
         f"{'1 rank in this process' if local else f'{config.ray.workers} workers'}, "
         f"{config.data.prompts_per_rollout} prompts x {config.sampling.samples_per_prompt} samples per step; "

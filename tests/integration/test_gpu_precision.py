@@ -38,6 +38,6 @@ def test_one_bf16_rl_step_on_cuda_through_the_worker():
         assert worker._rollout.logp_TB.device.type == "cuda" and worker._rollout.logp_TB.dtype == torch.float32
         (metrics,) = group.run(TrainWorker.train, [1.0, -1.0, 1.0, -1.0], 0)
         assert metrics["ratio_mean"] == 1.0 and metrics["grad_norm"] > 0
-        assert {p.dtype for p in worker.family.parameters()} == {torch.float32}
+        assert {p.dtype for p in worker.policy.parameters()} == {torch.float32}
         state = [t for s in worker.stack.optimizer.state.values() for t in s.values()]
         assert state and {t.dtype for t in state} == {torch.float32}

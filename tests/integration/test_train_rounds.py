@@ -47,9 +47,9 @@ def metric_rows(output_dir: Path) -> dict[int, dict]:
 
 
 def final_weights(output_dir: Path) -> dict[str, torch.Tensor]:
-    from unirl_core.worker.export import load_checkpoint_family, resolve_checkpoint
+    from unirl_core.worker.export import load_checkpoint_policy, resolve_checkpoint
 
-    _, adapter = load_checkpoint_family(resolve_checkpoint(output_dir))
+    _, _, adapter = load_checkpoint_policy(resolve_checkpoint(output_dir))
     return {k: v.clone() for k, v in adapter.trainable.state_dict().items() if "lora" in k}
 
 
@@ -202,10 +202,10 @@ def test_exports_load_with_from_pretrained_and_match_the_trained_model(reference
     from diffusers import SD3Transformer2DModel, StableDiffusion3Pipeline
     from peft import PeftModel
 
-    from unirl_core.worker.export import export_checkpoint, load_checkpoint_family, resolve_checkpoint
+    from unirl_core.worker.export import export_checkpoint, load_checkpoint_policy, resolve_checkpoint
 
     output_dir, summary = reference
-    _, trained = load_checkpoint_family(resolve_checkpoint(output_dir))
+    _, _, trained = load_checkpoint_policy(resolve_checkpoint(output_dir))
     adapter_dir = Path(summary.export)
     base = SD3Transformer2DModel.from_pretrained(json.loads((adapter_dir / "adapter_config.json").read_text())[
         "base_model_name_or_path"])  # fmt: skip

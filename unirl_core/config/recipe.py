@@ -21,6 +21,7 @@ from typing import Any
 import yaml
 from pydantic import BaseModel, Tag, ValidationError
 
+from unirl_core.config.schema_base import SectionClass
 from unirl_core.config.schema import Recipe
 from unirl_core.errors import UserError
 from unirl_core.workspace import workspace
@@ -308,6 +309,9 @@ def _walk(loc: Sequence[str], root: type[BaseModel], data: Any = None) -> tuple[
         model = _model_class(annotation)
         field = model.model_fields.get(part) if model else None
         annotation = field.annotation if field is not None else None
+        for marker in field.metadata if field is not None else ():
+            if isinstance(marker, SectionClass):  # a section whose class its `name` picks (`train.domain`)
+                annotation = marker.pick(data)
     return shown, annotation
 
 

@@ -20,7 +20,9 @@ from unirl_core.algorithms.config import AlgorithmConfig
 from unirl_core.algorithms.registry import BUILT_IN, algorithm_class, algorithm_config, builtin_configs
 from unirl_core.config.ingest import IngestConfig
 from unirl_core.config.precache import PrecacheConfig
-from unirl_core.config.schema_base import Count, OptionalStr, Problem, Seed, StrictModel
+from unirl_core.config.schema_base import Count, OptionalStr, Problem, SectionClass, Seed, StrictModel
+from unirl_core.domains.base import DomainConfig
+from unirl_core.domains.registry import domain_class, domain_config, section_class
 
 
 class DataConfig(StrictModel):
@@ -469,7 +471,7 @@ class RewardConfig(StrictModel):
     """`dedicated`: how many reward actors, and their resources."""
 
     def problems(self) -> Iterator[Problem]:
-        from unirl_core.rewards.names import builtin_names
+        from unirl_core.rewards.names import builtin_names, is_plugin, plugin_reward
 
         yield from super().problems()
         builtins = builtin_names()
@@ -478,8 +480,14 @@ class RewardConfig(StrictModel):
             yield "weights", {}, "at least one weighted reward, e.g. {jpeg_compressibility: 1.0}"
         for field, names in (("weights", list(self.weights)), ("guards", self.guards)):
             for name in names:
-                if name not in known:
-                    yield f"{field}.{name}", name, f"an unknown reward: choose one of {known} or add remote.{name}"
+                if is_plugin(name):
+                    try:
+                        plugin_reward(name)
+                    except ValueError as exc:
+                        yield f"{field}.{name}", name, f"an importable reward function ({exc})"
+                elif name not in known:
+                    yield f"{field}.{name}", name, (f"an unknown reward: choose one of {known}, add remote.{name}, or "
+                                                    "name a function of yours as 'package.module:function'")  # fmt: skip
         yield from self._missing_model_paths()
         for name, remote in self.remote.items():
             if name in builtins:
@@ -670,6 +678,12 @@ class TrainConfig(StrictModel):
     """Folder for this training's checkpoints and samples (local path or fsspec URL). Empty: the workspace's
     `$UNIRL_HOME/outputs/<recipe name>`, filled in when the recipe is loaded. Recipes read it from `${env:OUTPUT_DIR,}`."""
 
+    domain: Annotated[SerializeAsAny[DomainConfig], BeforeValidator(domain_config), SectionClass(section_class)] = (
+        DomainConfig()
+    )
+    """What kind of model trains: `diffusion` (image diffusion, the default), or a domain of your own as
+    `name: package.module:ClassName` with its own keys beside `name` (unirl_core/domains/base.py)."""
+
     data: DataConfig = DataConfig()
     """Prompt data source and rollout batch size."""
 
@@ -747,6 +761,7 @@ class TrainConfig(StrictModel):
 
     def problems(self) -> Iterator[Problem]:
         yield from super().problems()
+        yield from domain_class(self.domain.name).config_problems(self)
         for path, bad, fix in algorithm_class(self.algorithm.name).config_problems(self.algorithm):
             yield f"algorithm.{path}", bad, fix
         if self.algorithm.beta > 0 and self.model.lora is None:

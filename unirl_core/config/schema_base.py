@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from typing import Annotated, Any
 
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field
@@ -23,6 +24,14 @@ def _empty_is_unset(value: Any) -> Any:
 Count = Annotated[int, BeforeValidator(_not_bool)]
 Seed = Annotated[int, BeforeValidator(_not_bool), Field(ge=0, lt=2**63)]
 OptionalStr = Annotated[str | None, BeforeValidator(_empty_is_unset)]  # "" (an unset `${env:VAR,}`) counts as unset
+
+
+@dataclass(frozen=True)
+class SectionClass:
+    """Field metadata: `pick(section)` -> the config class of a section whose `name` picks it (`train.domain`), for
+    the recipe's error messages (allowed keys, "did you mean")."""
+
+    pick: Callable[[Any], type]
 
 
 class StrictModel(BaseModel):

@@ -49,13 +49,11 @@ def finalize(config: TrainConfig, run_name: str = "train", registered_model: str
 
 
 def model_card(config: TrainConfig, run_name: str):
-    """What the registered version says of itself (the final reward and data digests come from the run)."""
-    from unirl_core.tracking.model_card import ModelCard
+    """What the registered version says of itself (the domain's; the final reward and data digests come from the
+    run)."""
+    from unirl_core.domains.registry import domain_class
 
-    fmt = "peft-lora-adapter" if config.model.lora else "diffusers-pipeline"
-    return ModelCard(run_name=run_name, family=config.model.family, base_model=config.model.path,
-                     algorithm=config.algorithm.name, steps=config.steps, warmup_steps=config.warmup.steps,
-                     height=config.sampling.height, width=config.sampling.width, format=fmt)  # fmt: skip
+    return domain_class(config.domain.name).model_card(config, run_name)
 
 
 def train_in_process(

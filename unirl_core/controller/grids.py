@@ -1,5 +1,6 @@
-"""The image grids a round writes: the sample grid of an RL round's last step and the evaluation grid
-(deterministic samples of the evaluation prompts), each as a PNG under `<output_dir>/samples/` and an MLflow image."""
+"""The grids a round writes: the sample grid of an RL round's last step and the evaluation grid (deterministic
+samples of the evaluation prompts), each drawn by the domain (`Domain.grid`: images for diffusion) as a PNG under
+`<output_dir>/samples/` and an MLflow image."""
 
 from __future__ import annotations
 
@@ -7,6 +8,7 @@ from pathlib import Path
 
 from unirl_core.controller.round_plan import plan_rounds
 from unirl_core.data.sources import build_source
+from unirl_core.domains.registry import domain_class
 from unirl_core.io.storage import write_bytes_atomic
 from unirl_core.worker.worker import TrainWorker
 
@@ -15,12 +17,12 @@ class Grids:
     def __init__(self, config, round_, group, mlflow_run, out: Path):
         self.config, self.round, self.group, self.mlflow_run, self.out = config, round_, group, mlflow_run, out
         self.workers = config.ray.workers
+        self.domain = domain_class(config.domain.name)
 
     def evaluate(self, step: int, timeout: float) -> str:
         """Deterministic samples of the evaluation prompts (or the first prompts of the source) as a grid."""
         from unirl_core.controller.rounds import split_even
         from unirl_core.data.sources import load_eval_prompts
-        from unirl_core.worker.images import captioned_grid
 
         config, workers = self.config, self.workers
         prompts = [p.prompt for p in load_eval_prompts(config.data)][: config.eval_prompts]
@@ -33,16 +35,14 @@ class Grids:
         per_rank = len(padded) // workers
         shares = [(share, r * per_rank) for r, share in enumerate(split_even(padded, workers))]
         results = self.group.scatter(TrainWorker.evaluate, shares, config.sampling.seed, timeout=timeout)
-        images = [image for r in results for image in r][: len(prompts)]
-        grid = captioned_grid(images, prompts, cols=1)
+        outputs = [output for r in results for output in r][: len(prompts)]
+        grid = self.domain.grid(outputs, prompts, cols=1)
         return self.save_grid(grid, self.out / "samples" / f"eval_step_{step:08d}.png", "eval", step)
 
-    def save_samples(self, images: list, prompts: list[str]) -> str:
+    def save_samples(self, outputs: list, prompts: list[str]) -> str:
         """The round's last step's samples, a row per prompt."""
-        from unirl_core.worker.images import captioned_grid
-
         cols = min(self.config.sampling.samples_per_prompt, self.config.grid_images_per_prompt)
-        grid = captioned_grid(images, prompts, cols=cols)
+        grid = self.domain.grid(outputs, prompts, cols=cols)
         step = self.round.end - 1
         path = self.out / "samples" / f"round_{self.round.index:03d}_step_{step:08d}.png"
         return self.save_grid(grid, path, "samples", step)

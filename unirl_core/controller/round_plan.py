@@ -10,6 +10,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from unirl_core.config.schema import TrainConfig
+from unirl_core.domains.registry import domain_class
 from unirl_core.errors import UserError
 
 
@@ -64,7 +65,7 @@ def config_problems(config: TrainConfig, precache=None) -> list[str]:
         f"train.{path}: {value!r} must be {message}"
         for path, value, message in [*ray_problems, *config.distributed_problems()]
     ]
-    problems += _size_problems(config) + _warmup_problems(config, precache)
+    problems += domain_class(config.domain.name).start_problems(config) + _warmup_problems(config, precache)
     if config.model.dtype == "float16":  # no loss scaling: fp16 gradients underflow; bf16 has fp32's range
         problems.append("train.model.dtype: 'float16' cannot train (no loss scaling); use bfloat16 or float32")
     return problems
@@ -95,21 +96,6 @@ def _data_problems(config: TrainConfig) -> list[str]:
             f"has only {len(available)} prompts; lower it or add prompts"
         ]
     return []
-
-
-def _size_problems(config: TrainConfig) -> list[str]:
-    from unirl_core.models.registry import UnknownFamilyError, family_class
-
-    try:
-        factor = family_class(config.model.family).latent_stride
-    except UnknownFamilyError as exc:
-        raise TrainingConfigError(f"training cannot start: train.model.family: {exc}") from None
-    return [
-        f"train.sampling.{key}: {getattr(config.sampling, key)} must be a multiple of {factor} (the "
-        f"{config.model.family} family's pixels per latent token: VAE stride x patch size)"
-        for key in ("height", "width")
-        if getattr(config.sampling, key) % factor
-    ]
 
 
 def _warmup_problems(config: TrainConfig, precache) -> list[str]:

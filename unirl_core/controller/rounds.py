@@ -80,7 +80,7 @@ class RLRound(RoundStrategy):
 
     def __init__(self, controller, precache=None):
         super().__init__(controller, precache)
-        self.last_images: tuple[list, list[str]] | None = None
+        self.last_outputs: tuple[list, list[str]] | None = None
 
     def step(self, stage_step: int, timeout: float, last: bool) -> dict[str, float]:
         """Prompts -> groups -> the ranks roll out and score -> advantages over the whole batch -> the ranks train."""
@@ -110,15 +110,15 @@ class RLRound(RoundStrategy):
         metrics["seconds_rollout"] = max(r["seconds_rollout"] for r in results)
         metrics["seconds_reward"] = max(r["seconds_reward"] for r in results)
         metrics["images_per_s"] = len(samples) / (time.perf_counter() - started)
-        if last:  # only the grid's images came back
-            images = {sample_id: image for r in results for sample_id, image in r["images"].items()}
-            self.last_images = ([images[s.sample_id] for s in grid], [b.prompt for b in batch[: config.grid_prompts]])
+        if last:  # only the grid's outputs came back
+            outputs = {sample_id: output for r in results for sample_id, output in r["outputs"].items()}
+            self.last_outputs = ([outputs[s.sample_id] for s in grid], [b.prompt for b in batch[: config.grid_prompts]])
         return metrics
 
     def after_steps(self, deadline: float) -> dict[str, Any]:
         """The last step's sample grid, and the evaluation grid when due."""
         c = self.controller
-        summary = {"samples": c.grids.save_samples(*self.last_images)} if self.last_images else {}
+        summary = {"samples": c.grids.save_samples(*self.last_outputs)} if self.last_outputs else {}
         rl_rounds = [r for r in plan_rounds(c.config) if r.stage == self.stage]
         every = c.config.eval_every_rounds
         if every and ((c.round.index + 1) % every == 0 or c.round == rl_rounds[-1]):

@@ -18,6 +18,21 @@ MODEL_REWARDS = {
 METADATA_REWARDS = {"geneval"}  # scored with each prompt record's `metadata` (its checks)
 
 
+def is_plugin(name: str) -> bool:
+    """A reward named by `package.module:function`: a function (outputs, prompts) -> one float per output."""
+    return ":" in name
+
+
+def plugin_reward(name: str):
+    """The function a `package.module:function` reward name names (ValueError when it cannot be imported)."""
+    from unirl_core.plugins import load_object
+
+    function = load_object(name, f"reward {name!r}", ValueError)
+    if not callable(function):
+        raise ValueError(f"reward {name!r} is not a function (outputs, prompts) -> scores")
+    return function
+
+
 def builtin_names() -> set[str]:
     """Names that need no `remote` entry: the weight-free rewards and the model rewards."""
     return set(REWARDS) | set(MODEL_REWARDS)

@@ -2,7 +2,8 @@
 
 A NaN, infinite or missing score stops the step with the sample ids: a trainer must never learn from it.
 Components are returned separately (for per-component metrics and guard statistics) with the weighted total.
-Names come from registry.py: the weight-free rewards, `clip_score`, `aesthetic`, and each `remote` scorer's key.
+Names come from registry.py: the weight-free rewards, `clip_score`, `aesthetic`, and each `remote` scorer's key; a
+`package.module:function` name is a reward function of your own (outputs, prompts) -> one float per output.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from PIL import Image
 
 from unirl_core.rewards.errors import RewardError, ScorerUnavailableError
 from unirl_core.rewards.functions import REWARDS
+from unirl_core.rewards.names import is_plugin, plugin_reward
 from unirl_core.rewards.registry import Scorer, build_scorers
 
 if TYPE_CHECKING:
@@ -36,6 +38,7 @@ class RewardService:
         self, weights: Mapping[str, float], guards: Sequence[str] = (), scorers: Mapping[str, Scorer] | None = None
     ):
         available = {name: _ignoring_ids(fn) for name, fn in REWARDS.items()} | dict(scorers or {})
+        available |= {name: _ignoring_ids(plugin_reward(name)) for name in [*weights, *guards] if is_plugin(name)}
         unknown = sorted((set(weights) | set(guards)) - set(available))
         if unknown:
             raise ValueError(f"unknown reward(s) {unknown}; registered: {sorted(available)}")

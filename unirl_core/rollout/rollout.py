@@ -32,6 +32,11 @@ class Rollout:
     final_latents: torch.Tensor | None = None  # [B, C, h, w] float32, the denoised latents the images decode from
     seed: int = 0  # the rollout's seed (fresh training noise of likelihood-free algorithms derives from it)
 
+    @property
+    def outputs(self) -> list:
+        """What the rewards score (the domain contract's name): the images."""
+        return self.images
+
     def trained(self) -> torch.Tensor:
         if self.trained_BJ is None:
             return torch.arange(len(self.steps)).expand(len(self.samples), -1)

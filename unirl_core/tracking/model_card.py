@@ -23,7 +23,8 @@ class ModelCard:
     warmup_steps: int  # supervised warm-up steps before them
     height: int  # pixels of a generated image
     width: int
-    format: str  # "peft-lora-adapter" or "diffusers-pipeline"
+    format: str  # "peft-lora-adapter" or "diffusers-pipeline" (image diffusion), or another domain's
+    load_with: str = ""  # how the folder loads (empty: the diffusion formats' sentence)
 
     def result_line(self, run) -> str:
         """The final reward (the last logged step's `reward_mean`) and the inputs' digests."""
@@ -58,7 +59,8 @@ class ModelCard:
 
         signature = ModelSignature(
             inputs=Schema([ColSpec("string", "prompt")]),
-            outputs=Schema([TensorSpec(np.dtype("uint8"), (-1, self.height, self.width, 3), "image")]),
+            outputs=Schema([TensorSpec(np.dtype("uint8"), (-1, self.height, self.width, 3), "image")])
+            if self.height else Schema([ColSpec("string", "output")]),  # a domain without images: text out
         )
         body = {
             "artifact_path": artifact_path,
@@ -67,7 +69,7 @@ class ModelCard:
             "utc_time_created": datetime.now(UTC).strftime("%Y-%m-%d %H:%M:%S.%f"),
             "mlflow_version": mlflow.__version__,
             "signature": {k: v for k, v in signature.to_dict().items() if v is not None},
-            "metadata": asdict(self) | {"load_with": _LOAD_WITH[self.format]},
+            "metadata": asdict(self) | {"load_with": self.load_with or _LOAD_WITH[self.format]},
         }
         return yaml.safe_dump(body, sort_keys=False, width=120)
 

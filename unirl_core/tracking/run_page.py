@@ -17,6 +17,7 @@ from urllib.parse import urlparse
 
 # The recipe keys a run is compared by (dotted paths of the resolved train section); the rest is in recipe.yaml.
 KEY_PARAMS = (
+    "domain",
     "model.path",
     "model.lora.rank",
     "model.lora.target_modules",

@@ -1,5 +1,5 @@
 """Export a committed checkpoint as something `from_pretrained` loads, in one process (DCP reshards the ranks'
-`.distcp` files into a plain module).
+`.distcp` files into a plain module); what is written is the domain's (`Domain.export`). For image diffusion:
 
     LoRA, default:   a peft adapter folder (adapter_config.json + adapter_model.safetensors):
                      PeftModel.from_pretrained(<the base denoiser>, folder); and the same LoRA in diffusers' form
@@ -33,40 +33,36 @@ def resolve_checkpoint(path: str | Path) -> Path:
     )
 
 
-def load_checkpoint_family(folder: Path):
-    """The family of the checkpoint's recipe with the checkpoint's trained weights (CPU, one process)."""
+def load_checkpoint_policy(folder: Path):
+    """(config, domain class, the policy of the checkpoint's recipe with the checkpoint's trained weights), on CPU in
+    one process."""
     from unirl_core.config.schema import TrainConfig
-    from unirl_core.models.registry import build_family
+    from unirl_core.domains.registry import domain_class
 
     config_path = folder / CONFIG_FILE
     if not config_path.is_file():
         raise CheckpointError(f"{folder}: no {CONFIG_FILE} (written by training rounds); cannot rebuild the model")
     CheckpointManager.verify(folder)  # a damaged file is named before DCP reads it
     config = TrainConfig.model_validate_json(config_path.read_text())
-    model = config.model.model_copy(update={"text_embedding_cache": None})
-    family = build_family(model, config.sampling, device="cpu")
-    RankCheckpoint({"model": ModelState(family.trainable)}).load(folder, weights_only=True)
-    return config, family
+    domain = domain_class(config.domain.name)
+    policy = domain(domain.export_config(config), "cpu").build_policy()
+    RankCheckpoint({"model": ModelState(policy.trainable)}).load(folder, weights_only=True)
+    return config, domain, policy
 
 
 def export_checkpoint(checkpoint: str | Path, out: str | Path, merged: bool = False) -> Path:
     """Write the export of `checkpoint` to `out` (replaced atomically: a temporary folder, then rename)."""
     import shutil
 
-    from unirl_core.models.registry import resolve_model_path
-
     folder = resolve_checkpoint(checkpoint)
-    config, family = load_checkpoint_family(folder)
+    config, domain, policy = load_checkpoint_policy(folder)
     out = Path(out)
     staging = out.with_name(f".{out.name}.tmp")
     shutil.rmtree(staging, ignore_errors=True)
     staging.mkdir(parents=True)
-    if family.has_lora and not merged:
-        family.export_adapter(staging, resolve_model_path(config.model.path))
-    else:
-        family.export_merged(staging, resolve_model_path(config.model.path))
+    merged = domain.export(policy, config, staging, merged)
     record = json.loads((folder / STATE_FILE).read_text())
-    provenance = {"checkpoint": str(folder), "step": record["step"], "merged": merged or not family.has_lora}
+    provenance = {"checkpoint": str(folder), "step": record["step"], "merged": merged}
     (staging / "unirl_export.json").write_text(json.dumps(provenance, indent=1))
     (staging / CONFIG_FILE).write_text(config.model_dump_json(indent=1))
     shutil.rmtree(out, ignore_errors=True)

@@ -1,6 +1,7 @@
-"""One data-parallel rank of a training round: the model family with its FSDP2-sharded trained module, the reward
-service and the train stack, driven by the controller (`unirl_core.controller`) one call at a time, as a Ray actor or
-in the controller's own process (`--local`).
+"""One data-parallel rank of a training round: the domain's policy (`unirl_core.domains`: for image diffusion the
+model family) with its FSDP2-sharded trained module, the reward service and the domain's train stack, driven by the
+controller (`unirl_core.controller`) one call at a time, as a Ray actor or in the controller's own process
+(`--local`). What is generated, trained and exported is the domain's; this file never asks which domain it is.
 
 Rollouts use the trained module itself (colocated: no weight sync). Every rank receives an equal share of whole
 GRPO groups, so every rank runs the same number of forward passes (FSDP's collectives need that).
@@ -18,19 +19,15 @@ from unirl_core.distributed.rank import TorchWorker
 
 
 def rl_stack(worker, config, served):
-    """RL: the reward service (colocated models, or the dedicated actors in `served`) and the algorithm's stack."""
+    """RL: the reward service (colocated models, or the dedicated actors in `served`) and the domain's RL stack."""
     from unirl_core.rewards.service import RewardService
-    from unirl_core.worker.stack import build_stack
 
     worker.rewards = RewardService.from_config(config.reward, device=str(worker.device), served=served)
-    updates = config.steps * config.algorithm.num_updates_per_batch
-    return build_stack(worker.family, config.algorithm, total_updates=updates)
+    return worker.domain.rl_stack(worker.policy)
 
 
 def warmup_stack(worker, config, served):
-    from unirl_core.worker.stack import WarmupStack
-
-    return WarmupStack(worker.family, config.warmup, config.algorithm.max_grad_norm)
+    return worker.domain.warmup_stack(worker.policy)
 
 
 STACKS = {"rl": rl_stack, "warmup": warmup_stack}  # the train stack of each round strategy's stage
@@ -38,13 +35,14 @@ STACKS = {"rl": rl_stack, "warmup": warmup_stack}  # the train stack of each rou
 
 class TrainWorker(TorchWorker):
     def build(self, config_json: str, stage: str, served: dict | None = None) -> dict[str, int]:
-        """Build the family, shard it, and the stack of `stage` (`STACKS`: rl or warmup); returns how much of the
-        trained module this rank holds. `served`: model rewards scored by the dedicated reward actors, by name."""
+        """Build the domain's policy, shard it, and the stack of `stage` (`STACKS`: rl or warmup); returns how much
+        of the trained module this rank holds. `served`: model rewards scored by the dedicated reward actors, by
+        name."""
         from unirl_core.config.schema import TrainConfig
         from unirl_core.models.logs import quiet_model_libraries
 
         quiet_model_libraries()
-        from unirl_core.models.registry import build_family
+        from unirl_core.domains.registry import domain_class
         from unirl_core.worker.determinism import apply_determinism
         from unirl_core.worker.ema import EMA
         from unirl_core.worker.fsdp import local_fraction, parallelize
@@ -64,44 +62,36 @@ class TrainWorker(TorchWorker):
                 f"{config.ray.gpus_per_worker}); set it to auto or gloo, or give each worker a GPU"
             )
         torch.manual_seed(config.sampling.seed)  # identical initial (LoRA) weights on every rank before sharding
-        self.family = build_family(config.model, config.sampling, device=str(self.device))
-        parallelize(self.family.trainable, self.family.blocks(), self.device, config.fsdp, self.family.dtype)
+        self.domain = domain_class(config.domain.name)(config, self.device)
+        self.policy = policy = self.domain.build_policy()
+        parallelize(policy.trainable, policy.blocks(), self.device, config.fsdp, policy.dtype)
         self.stack = STACKS[stage](self, config, served)
-        self.ema = EMA(self.family.parameters(), config.ema.decay, config.ema.interval) if config.ema else None
+        self.ema = EMA(policy.parameters(), config.ema.decay, config.ema.interval) if config.ema else None
         self._rollout = None
-        return local_fraction(self.family.trainable)
+        return local_fraction(policy.trainable)
 
     # --- RL ---------------------------------------------------------------------------------------------------
 
-    def rollout(self, samples: list, step: int, want_images: list[str] = ()) -> dict[str, Any]:
+    def rollout(self, samples: list, step: int, want_outputs: list[str] = ()) -> dict[str, Any]:
         """Roll out this rank's samples with the stack's rollout policy (the current weights; DiffusionNFT's old
-        policy) and score them; the rollout stays here for
-        `train`. Returns the reward components (lists in sample order) and the images of the samples whose ids are
-        in `want_images` (the sample grid's: {sample id: image})."""
-        from unirl_core.rollout.rollout import run_rollout
-
-        config = self.config
+        policy) and score their outputs; the rollout stays here for `train`. Returns the reward components (lists in
+        sample order) and the outputs of the samples whose ids are in `want_outputs` (the sample grid's:
+        {sample id: output})."""
         started = time.perf_counter()
-        seed = config.sampling.seed + step
         with self.stack.rollout_policy():
-            self._rollout = run_rollout(
-                self.family, samples, config.sampling, config.algorithm, seed=seed, step=step
-            )  # fmt: skip
+            self._rollout = self.domain.rollout(self.policy, self.stack, samples, step)
         rolled = time.perf_counter()
+        outputs = self._rollout.outputs
         scores = self.rewards.score(
-            self._rollout.images,
+            outputs,
             [s.example.prompt for s in samples],
             [s.sample_id for s in samples],
             [s.example.metadata for s in samples],
         )
-        wanted = set(want_images)
+        wanted = set(want_outputs)
         return {
             "rewards": {k: [float(x) for x in v] for k, v in scores.items()},
-            "images": {
-                s.sample_id: image
-                for s, image in zip(samples, self._rollout.images, strict=True)
-                if s.sample_id in wanted
-            },  # fmt: skip
+            "outputs": {s.sample_id: output for s, output in zip(samples, outputs, strict=True) if s.sample_id in wanted},
             "seconds_rollout": rolled - started,
             "seconds_reward": time.perf_counter() - rolled,
         }
@@ -119,56 +109,35 @@ class TrainWorker(TorchWorker):
     # --- warm-up ----------------------------------------------------------------------------------------------
 
     def warmup(self, batch: dict[str, Any], step: int) -> dict[str, float]:
-        """One supervised step on this rank's share of precached (latent, conditioning) pairs."""
-        from unirl_core.rollout.noise import sample_seed
-
+        """One supervised step on this rank's share of the warm-up batch (the domain's)."""
         started = time.perf_counter()
-        # per sample, from (seed, step, sample key): the same draws on any number of workers and micro-batches
-        seed = self.config.warmup.seed
-        generators = [torch.Generator().manual_seed(sample_seed(seed, f"{step}:{key}")) for key in batch["keys"]]
-        latents = batch["latents"].to(self.device)
-        cond = {k: v.to(self.device) for k, v in batch["cond"].items()}
-        metrics = self.stack.train(latents, cond, generators, step)
+        metrics = self.domain.warmup_step(self.policy, self.stack, batch, step)
         if self.ema:
             self.ema.update(step)
         return metrics | {"seconds_train": time.perf_counter() - started}
 
     @torch.no_grad()
-    def warmup_eval(self, batch: dict[str, Any], seed: int, draws: int = 4) -> float:
-        """The denoising loss on this rank's share of a fixed batch, averaged over `draws` fixed noise draws."""
-        from unirl_core.rollout.noise import sample_seed
-
-        latents = batch["latents"].to(self.device)
-        cond = {k: v.to(self.device) for k, v in batch["cond"].items()}
-        generator = torch.Generator().manual_seed(sample_seed(seed, f"eval:{self.rank}"))
-        return sum(self.family.denoising_loss(latents, cond, generator).item() for _ in range(draws)) / draws
+    def warmup_eval(self, batch: dict[str, Any], seed: int) -> float:
+        """The supervised loss on this rank's share of a fixed batch with fixed draws."""
+        return self.domain.warmup_eval(self.policy, batch, seed, self.rank)
 
     # --- evaluation -------------------------------------------------------------------------------------------
 
     @torch.no_grad()
     def evaluate(self, share: tuple[list[str], int], seed: int) -> list:
-        """Deterministic samples (eta 0) of this rank's (prompts, index of the first), noise fixed per prompt
-        index, at the evaluation steps and guidance (`sampling.eval_*`); EMA weights when kept."""
+        """The domain's deterministic outputs of this rank's (prompts, index of the first); EMA weights when kept."""
         import contextlib
 
         prompts, first_index = share
-        sampling, family = self.config.sampling, self.family.with_guidance(self.config.sampling.eval_guidance)
-        ids = [f"eval:{first_index + i}" for i in range(len(prompts))]
         with self.ema.applied() if self.ema else contextlib.nullcontext():
-            cond = family.encode(prompts)
-            shape = family.latent_shape(sampling.height, sampling.width)
-            x = family.initial_noise(ids, seed, shape).float()
-            schedule = family.schedule(sampling.eval_steps, shape)
-            for index in range(sampling.eval_steps):
-                x = family.transition(x, index, 0.0, cond, schedule, sampling=self.stack.step_sampling).sample
-            return family.decode(x)
+            return self.domain.evaluate(self.policy, self.stack, prompts, first_index, seed)
 
     # --- checkpoints ------------------------------------------------------------------------------------------
 
     def _checkpoint(self):
         from unirl_core.worker.checkpoint import ModelState, OptimizerState, RankCheckpoint, RNGState
 
-        module = self.family.trainable
+        module = self.policy.trainable
         tensors = {"model": ModelState(module), "optim": OptimizerState(module, self.stack.optimizer)}
         return RankCheckpoint(tensors | self._averages(), {"rng": RNGState(), "scheduler": self.stack.scheduler})
 

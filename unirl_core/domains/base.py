@@ -1,0 +1,110 @@
+"""The domain contract: what one kind of generative model (image diffusion, autoregressive tokens, ...) does in a
+training round. Everything else is generic and calls these: the round strategies, resume and the checkpoint
+manager, data sources and GRPO groups, rewards, advantages, metrics, MLflow, the export's staging and registration,
+the worker group, EMA and checkpoints of the trained module.
+
+    rank side: one Domain per worker (`worker.worker.TrainWorker` builds it with the round's config and device)
+        build_policy()                     -> the policy: `trainable` (the module FSDP2 shards, the optimizer trains
+                                              and checkpoints save), `blocks()` (FSDP2 units), `dtype`, `parameters()`
+        rl_stack(policy)                   -> the RL train stack: `train(rollout, advantages_B, step)` -> metrics,
+                                              `rollout_policy()` (a context), `optimizer`, `scheduler`, `states()`
+        rollout(policy, stack, samples, step) -> a rollout whose `outputs` (sample order) the rewards score; the
+                                              worker keeps it for `stack.train`
+        evaluate(policy, stack, prompts, first_index, seed) -> deterministic outputs of evaluation prompts
+        warmup_stack / warmup_step / warmup_eval: the supervised warm-up (domains with "warmup" in `stages`)
+    controller side: class methods, no model built
+        config_problems(config)            -> what this domain cannot train in the recipe (on loading it)
+        start_problems(config)             -> ... that the model's classes show (when training starts)
+        title(config)                      -> what trains, in a few words
+        grid(outputs, captions, cols)      -> a PIL image of outputs, a row per caption (sample and eval grids)
+        export(policy, config, folder, merged) -> writes what `from_pretrained` loads; returns whether merged
+        model_card(config, run_name)       -> what the registered MLflow model version says of itself
+        export_config(config)              -> the config an export builds the policy from (default: the recipe's)
+
+A domain outside unirl is a `Domain` subclass named in the recipe as `train.domain.name: package.module:ClassName`,
+with its own settings in `config_class` (the rest of `train.domain`); tests/support/toy_domain.py is one.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any, ClassVar
+
+from unirl_core.config.schema_base import StrictModel
+
+
+class DomainConfig(StrictModel):
+    """`train.domain`: which domain trains (a built-in name or `package.module:ClassName`) and its own settings."""
+
+    name: str = "diffusion"
+    """`diffusion` (image diffusion: `train.model`'s family, `train.sampling`), or a `Domain` subclass as
+    `package.module:ClassName`, whose config class adds its keys beside `name`."""
+
+
+class Domain:
+    """One domain's parts of a round (see the module's table). `config`: the round's TrainConfig; `device`: the
+    rank's torch device ("cpu" when exporting)."""
+
+    config_class: ClassVar[type[DomainConfig]] = DomainConfig
+    stages: ClassVar[frozenset[str]] = frozenset({"rl"})  # the round strategies it can train
+
+    def __init__(self, config, device):
+        self.config, self.device = config, device
+
+    # --- rank side --------------------------------------------------------------------------------------------
+
+    def build_policy(self):
+        raise NotImplementedError
+
+    def rl_stack(self, policy):
+        raise NotImplementedError
+
+    def rollout(self, policy, stack, samples: list, step: int):
+        raise NotImplementedError
+
+    def evaluate(self, policy, stack, prompts: list[str], first_index: int, seed: int) -> list:
+        raise NotImplementedError
+
+    def warmup_stack(self, policy):
+        raise NotImplementedError(f"{type(self).__name__} has no supervised warm-up")
+
+    def warmup_step(self, policy, stack, batch: dict[str, Any], step: int) -> dict[str, float]:
+        raise NotImplementedError(f"{type(self).__name__} has no supervised warm-up")
+
+    def warmup_eval(self, policy, batch: dict[str, Any], seed: int, rank: int) -> float:
+        raise NotImplementedError(f"{type(self).__name__} has no supervised warm-up")
+
+    # --- controller side --------------------------------------------------------------------------------------
+
+    @classmethod
+    def config_problems(cls, config) -> Iterator[tuple[str, Any, str]]:
+        """(path under `train.`, value, what is allowed) of what this domain cannot train."""
+        if config.warmup.steps and "warmup" not in cls.stages:
+            yield "warmup.steps", config.warmup.steps, f"0: the {config.domain.name} domain has no supervised warm-up"
+
+    @classmethod
+    def start_problems(cls, config) -> list[str]:
+        """What cannot train that only the model's classes show (checked when training starts, not on loading)."""
+        return []
+
+    @classmethod
+    def title(cls, config) -> str:
+        """What trains, in a few words (the command's first line)."""
+        return config.domain.name
+
+    @classmethod
+    def grid(cls, outputs: list, captions: list[str], cols: int):
+        raise NotImplementedError
+
+    @classmethod
+    def export(cls, policy, config, folder, merged: bool) -> bool:
+        raise NotImplementedError
+
+    @classmethod
+    def model_card(cls, config, run_name: str):
+        raise NotImplementedError
+
+    @classmethod
+    def export_config(cls, config):
+        """The config an export (one CPU process, weights only) builds the policy from."""
+        return config

@@ -1,0 +1,141 @@
+"""The image-diffusion domain: the recipe's `train.model` family with its FSDP2-sharded denoiser (LoRA or full), the
+algorithm's train stack, rollouts of latent trajectories decoded to images (what the rewards score), deterministic
+evaluation samples, the supervised warm-up on precached latents, image grids, and exports `from_pretrained` loads
+(a peft/diffusers LoRA, or the merged pipeline).
+"""
+
+from __future__ import annotations
+
+from typing import Any, ClassVar
+
+import torch
+
+from unirl_core.domains.base import Domain
+
+
+class DiffusionDomain(Domain):
+    stages: ClassVar[frozenset[str]] = frozenset({"rl", "warmup"})
+
+    # --- rank side --------------------------------------------------------------------------------------------
+
+    def build_policy(self):
+        """The family of `train.model`, loaded on the rank's device (its `trainable` is the denoiser)."""
+        from unirl_core.models.registry import build_family
+
+        return build_family(self.config.model, self.config.sampling, device=str(self.device))
+
+    def rl_stack(self, policy):
+        from unirl_core.worker.stack import build_stack
+
+        config = self.config
+        return build_stack(policy, config.algorithm, total_updates=config.steps * config.algorithm.num_updates_per_batch)
+
+    def rollout(self, policy, stack, samples: list, step: int):
+        """Latent trajectories of `samples` with the algorithm's sampler; `outputs`: the decoded images."""
+        from unirl_core.rollout.rollout import run_rollout
+
+        config = self.config
+        return run_rollout(policy, samples, config.sampling, config.algorithm, seed=config.sampling.seed + step,
+                           step=step)  # fmt: skip
+
+    def evaluate(self, policy, stack, prompts: list[str], first_index: int, seed: int) -> list:
+        """Deterministic samples (eta 0) of `prompts`, noise fixed per prompt index, at the evaluation steps and
+        guidance (`sampling.eval_*`)."""
+        sampling, family = self.config.sampling, policy.with_guidance(self.config.sampling.eval_guidance)
+        ids = [f"eval:{first_index + i}" for i in range(len(prompts))]
+        cond = family.encode(prompts)
+        shape = family.latent_shape(sampling.height, sampling.width)
+        x = family.initial_noise(ids, seed, shape).float()
+        schedule = family.schedule(sampling.eval_steps, shape)
+        for index in range(sampling.eval_steps):
+            x = family.transition(x, index, 0.0, cond, schedule, sampling=stack.step_sampling).sample
+        return family.decode(x)
+
+    def warmup_stack(self, policy):
+        from unirl_core.worker.stack import WarmupStack
+
+        return WarmupStack(policy, self.config.warmup, self.config.algorithm.max_grad_norm)
+
+    def warmup_step(self, policy, stack, batch: dict[str, Any], step: int) -> dict[str, float]:
+        """One supervised step on this rank's share of precached (latent, conditioning) pairs."""
+        from unirl_core.rollout.noise import sample_seed
+
+        # per sample, from (seed, step, sample key): the same draws on any number of workers and micro-batches
+        seed = self.config.warmup.seed
+        generators = [torch.Generator().manual_seed(sample_seed(seed, f"{step}:{key}")) for key in batch["keys"]]
+        latents = batch["latents"].to(self.device)
+        cond = {k: v.to(self.device) for k, v in batch["cond"].items()}
+        return stack.train(latents, cond, generators, step)
+
+    def warmup_eval(self, policy, batch: dict[str, Any], seed: int, rank: int, draws: int = 4) -> float:
+        """The denoising loss on this rank's share of a fixed batch, averaged over `draws` fixed noise draws."""
+        from unirl_core.rollout.noise import sample_seed
+
+        latents = batch["latents"].to(self.device)
+        cond = {k: v.to(self.device) for k, v in batch["cond"].items()}
+        generator = torch.Generator().manual_seed(sample_seed(seed, f"eval:{rank}"))
+        return sum(policy.denoising_loss(latents, cond, generator).item() for _ in range(draws)) / draws
+
+    # --- controller side --------------------------------------------------------------------------------------
+
+    @classmethod
+    def config_problems(cls, config):
+        from unirl_core.algorithms.registry import algorithm_class
+
+        yield from super().config_problems(config)
+        name = config.algorithm.name
+        if "diffusion" not in algorithm_class(name).domains:
+            yield "algorithm.name", name, "an algorithm for the diffusion domain (its `domains` list 'diffusion')"
+
+    @classmethod
+    def start_problems(cls, config) -> list[str]:
+        """Image sizes the family's latent grid cannot hold; an unknown family."""
+        from unirl_core.models.registry import UnknownFamilyError, family_class
+
+        try:
+            factor = family_class(config.model.family).latent_stride
+        except UnknownFamilyError as exc:
+            return [f"train.model.family: {exc}"]
+        return [
+            f"train.sampling.{key}: {getattr(config.sampling, key)} must be a multiple of {factor} (the "
+            f"{config.model.family} family's pixels per latent token: VAE stride x patch size)"
+            for key in ("height", "width")
+            if getattr(config.sampling, key) % factor
+        ]
+
+    @classmethod
+    def title(cls, config) -> str:
+        return f"{config.model.family} ({config.model.path})"
+
+    @classmethod
+    def grid(cls, outputs: list, captions: list[str], cols: int):
+        from unirl_core.worker.images import captioned_grid
+
+        return captioned_grid(outputs, captions, cols=cols)
+
+    @classmethod
+    def export(cls, policy, config, folder, merged: bool) -> bool:
+        """A peft adapter folder plus diffusers' LoRA file; the merged pipeline with `merged` or full fine-tuning."""
+        from unirl_core.models.registry import resolve_model_path
+
+        base = resolve_model_path(config.model.path)
+        if policy.has_lora and not merged:
+            policy.export_adapter(folder, base)
+            return False
+        policy.export_merged(folder, base)
+        return True
+
+    @classmethod
+    def model_card(cls, config, run_name: str):
+        from unirl_core.tracking.model_card import ModelCard
+
+        fmt = "peft-lora-adapter" if config.model.lora else "diffusers-pipeline"
+        return ModelCard(run_name=run_name, family=config.model.family, base_model=config.model.path,
+                         algorithm=config.algorithm.name, steps=config.steps, warmup_steps=config.warmup.steps,
+                         height=config.sampling.height, width=config.sampling.width, format=fmt)  # fmt: skip
+
+    @classmethod
+    def export_config(cls, config):
+        """The recipe an export rebuilds the family from: no text-embedding cache (it only reads weights)."""
+        return config.model_copy(update={"model": config.model.model_copy(update={"text_embedding_cache": None})})
+
