@@ -15,10 +15,10 @@ import torch
 from unirl_core.algorithms.advantages import PerPromptStatTracker, compute_advantages
 from unirl_core.data.grpo_groups import expand_groups
 from unirl_core.data.sources import build_source
+from unirl_core.domains.diffusion.rollout.rollout import run_rollout
+from unirl_core.domains.diffusion.stack import TrainStack
 from unirl_core.models.registry import build_family
 from unirl_core.rewards.service import RewardService
-from unirl_core.rollout.rollout import run_rollout
-from unirl_core.worker.stack import TrainStack
 
 
 def bare_steps(config, steps: int | None = None, device: str = "cpu") -> Iterator[dict]:

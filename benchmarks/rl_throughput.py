@@ -40,12 +40,12 @@ from unirl_core.algorithms.advantages import PerPromptStatTracker, compute_advan
 from unirl_core.config import recipe_from_tree  # noqa: E402
 from unirl_core.data.grpo_groups import expand_groups  # noqa: E402
 from unirl_core.data.sources import build_source  # noqa: E402
+from unirl_core.domains.diffusion.rollout.rollout import run_rollout  # noqa: E402
+from unirl_core.domains.diffusion.stack import TrainStack  # noqa: E402
 from unirl_core.models.real_sizes import VARIANTS  # noqa: E402
 from unirl_core.models.registry import build_family  # noqa: E402
 from unirl_core.rewards.service import RewardService  # noqa: E402
-from unirl_core.rollout.rollout import run_rollout  # noqa: E402
 from unirl_core.worker.determinism import apply_determinism  # noqa: E402
-from unirl_core.worker.stack import TrainStack  # noqa: E402
 
 # Flow-GRPO's SD3 LoRA (scripts/train_sd3.py), as in unirl_core/recipes/sd35_medium_grpo.yaml
 LORA_TARGETS = ["attn.add_k_proj", "attn.add_q_proj", "attn.add_v_proj", "attn.to_add_out", "attn.to_k",

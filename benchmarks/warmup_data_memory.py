@@ -31,7 +31,7 @@ import ctypes, gc, json, sys, time
 from diffusers import AutoencoderKL  # imported before measuring: the data's memory, not the libraries'
 import safetensors.torch
 from unirl_core.config.precache import PrecacheConfig
-from unirl_core.worker.warmup import WarmupData
+from unirl_core.domains.diffusion.warmup import WarmupData
 
 def anon_mb():  # private anonymous memory of this process, after returning freed heap pages to the OS
     gc.collect()

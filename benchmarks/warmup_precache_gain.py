@@ -168,9 +168,9 @@ def precache_config(src: Path, out: Path, model: str, size: int, batch: int) -> 
 def run(mode: str, config, data, sources, steps: int, skip: int) -> dict:
     """`skip` + `steps` warm-up steps; times the last `steps`. On the fly, the batches come from `data` too (its
     keys only), so both modes train on the same samples in the same order."""
+    from unirl_core.data.noise import sample_seed
+    from unirl_core.domains.diffusion.stack import WarmupStack
     from unirl_core.models.registry import build_family
-    from unirl_core.rollout.noise import sample_seed
-    from unirl_core.worker.stack import WarmupStack
 
     data.load_state_dict(data.state_dict() | {"epoch": 0, "batch_in_epoch": 0})
     torch.manual_seed(0)  # the same initial LoRA weights in both modes
@@ -213,8 +213,8 @@ def main() -> None:
     size, default_steps, _ = PRESETS[args.model]
     steps = args.steps or default_steps
 
+    from unirl_core.domains.diffusion.warmup import WarmupData
     from unirl_core.models.logs import quiet_model_libraries
-    from unirl_core.worker.warmup import WarmupData
 
     quiet_model_libraries()
     with tempfile.TemporaryDirectory(prefix="warmup-gain-") as tmp:

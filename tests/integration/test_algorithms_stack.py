@@ -10,10 +10,10 @@ import torch
 from unirl_core.config import recipe_from_tree
 from unirl_core.data.grpo_groups import expand_groups
 from unirl_core.data.sources import build_source
+from unirl_core.domains.diffusion.rollout.rollout import run_rollout
+from unirl_core.domains.diffusion.stack import TrainStack, build_stack
 from unirl_core.errors import UserError
 from unirl_core.models.registry import build_family
-from unirl_core.rollout.rollout import run_rollout
-from unirl_core.worker.stack import TrainStack, build_stack
 
 pytestmark = pytest.mark.slow
 

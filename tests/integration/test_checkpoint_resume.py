@@ -186,7 +186,7 @@ def test_a_non_finite_loss_stops_the_run_before_its_optimizer_step_naming_the_st
     from typer.testing import CliRunner
 
     from flows.cli import app
-    from unirl_core.worker.stack import NonFiniteError
+    from unirl_core.worker.optim import NonFiniteError
 
     train = config(**{"train.steps": 4, "train.checkpoint_every": 1, "train.algorithm.learning_rate": 1e30})
     rows: list[dict] = []

@@ -13,6 +13,8 @@ from unirl_core.config import load_recipe
 from unirl_core.config.schema import WarmupConfig
 from unirl_core.data.grpo_groups import expand_groups
 from unirl_core.data.sources import build_source
+from unirl_core.domains.diffusion.rollout.rollout import run_rollout
+from unirl_core.domains.diffusion.stack import TrainStack, WarmupStack
 from unirl_core.models.registry import (
     UnknownFamilyError,
     build_family,
@@ -21,8 +23,6 @@ from unirl_core.models.registry import (
     register,
     resolve_model_path,
 )
-from unirl_core.rollout.rollout import run_rollout
-from unirl_core.worker.stack import TrainStack, WarmupStack
 
 SMALL = [
     "train.model.family=dummy_flow",

@@ -14,10 +14,10 @@ from unirl_core.config import recipe_from_tree
 from unirl_core.config.schema import WarmupConfig
 from unirl_core.data.grpo_groups import expand_groups
 from unirl_core.data.sources import build_source
+from unirl_core.domains.diffusion.rollout.rollout import run_rollout
+from unirl_core.domains.diffusion.stack import TrainStack, WarmupStack
 from unirl_core.models.families.flux.family import FluxFamily, pack, unpack
 from unirl_core.models.registry import build_family, family_class, resolve_model_path
-from unirl_core.rollout.rollout import run_rollout
-from unirl_core.worker.stack import TrainStack, WarmupStack
 
 pytestmark = pytest.mark.slow
 PROMPTS = ["a red cube", "a blue ball"]
@@ -190,7 +190,7 @@ def test_rollout_train_step_warmup_and_exports(tmp_path):
 
 def test_kontext_rollout_carries_the_condition_image(tmp_path):
     from unirl_core.data.prompts import MediaRef, PromptExample
-    from unirl_core.rollout.conditions import load_condition_image
+    from unirl_core.domains.diffusion.rollout.conditions import load_condition_image
 
     examples = []
     for i, colour in enumerate(["red", "navy"]):

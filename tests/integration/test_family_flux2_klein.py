@@ -16,10 +16,10 @@ from unirl_core.config import recipe_from_tree
 from unirl_core.config.schema import WarmupConfig
 from unirl_core.data.grpo_groups import expand_groups
 from unirl_core.data.sources import build_source
+from unirl_core.domains.diffusion.rollout.rollout import run_rollout
+from unirl_core.domains.diffusion.stack import TrainStack, WarmupStack
 from unirl_core.models.families.flux2_klein.family import Flux2KleinFamily, pack, unpack
 from unirl_core.models.registry import build_family, resolve_model_path
-from unirl_core.rollout.rollout import run_rollout
-from unirl_core.worker.stack import TrainStack, WarmupStack
 
 pytestmark = pytest.mark.slow
 PROMPTS = ["a red cube on a table", "stripes"]
@@ -192,7 +192,7 @@ def test_rollout_rl_step_warmup_step_and_exports(folder, tmp_path):
 
 def test_an_edit_rollout_carries_the_condition_image(folder, tmp_path):
     from unirl_core.data.prompts import MediaRef, PromptExample
-    from unirl_core.rollout.conditions import load_condition_image
+    from unirl_core.domains.diffusion.rollout.conditions import load_condition_image
 
     examples = []
     for i, colour in enumerate(["red", "blue"]):

@@ -14,10 +14,10 @@ from unirl_core.config import recipe_from_tree
 from unirl_core.config.schema import WarmupConfig
 from unirl_core.data.grpo_groups import expand_groups
 from unirl_core.data.sources import build_source
+from unirl_core.domains.diffusion.rollout.rollout import run_rollout
+from unirl_core.domains.diffusion.stack import TrainStack, WarmupStack
 from unirl_core.models.families.qwen_image.family import QwenImageFamily, pack, unpack
 from unirl_core.models.registry import build_family, resolve_model_path
-from unirl_core.rollout.rollout import run_rollout
-from unirl_core.worker.stack import TrainStack, WarmupStack
 
 PROMPTS = ["a red cube", "a much longer prompt: two blue balls on a wooden table"]
 

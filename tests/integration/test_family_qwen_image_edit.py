@@ -11,10 +11,10 @@ from PIL import Image
 from unirl_core.config import recipe_from_tree
 from unirl_core.data.grpo_groups import expand_groups
 from unirl_core.data.prompts import MediaRef, PromptExample
+from unirl_core.domains.diffusion.rollout.rollout import run_rollout
+from unirl_core.domains.diffusion.stack import TrainStack
 from unirl_core.models.families.qwen_image.family import QwenImageEditFamily, pack, unpack
 from unirl_core.models.registry import build_family
-from unirl_core.rollout.rollout import run_rollout
-from unirl_core.worker.stack import TrainStack
 
 
 def config():

@@ -12,11 +12,11 @@ from unirl_core.config import load_recipe
 from unirl_core.config.schema import WarmupConfig
 from unirl_core.data.grpo_groups import expand_groups
 from unirl_core.data.sources import build_source
+from unirl_core.domains.diffusion.rollout.rollout import run_rollout
+from unirl_core.domains.diffusion.rollout.samplers import LOG_SQRT_2PI
+from unirl_core.domains.diffusion.stack import TrainStack, WarmupStack
 from unirl_core.models.families.sdxl.family import SDXLFamily
 from unirl_core.models.registry import build_family, resolve_model_path, write_tiny_model
-from unirl_core.rollout.rollout import run_rollout
-from unirl_core.rollout.samplers import LOG_SQRT_2PI
-from unirl_core.worker.stack import TrainStack, WarmupStack
 
 PROMPTS = ["a red cube", "a blue ball"]
 TARGETS = "[to_q,to_k,to_v,to_out.0,proj_out,conv_out]"  # the tiny's attention alone moves the image too little

@@ -11,10 +11,10 @@ from unirl_core.config import recipe_from_tree
 from unirl_core.data.grpo_groups import expand_groups
 from unirl_core.data.sources import build_source
 from unirl_core.distributed.local_group import LocalGroup
+from unirl_core.domains.diffusion.rollout.rollout import run_rollout
+from unirl_core.domains.diffusion.stack import TrainStack
 from unirl_core.models.registry import build_family
-from unirl_core.rollout.rollout import run_rollout
 from unirl_core.worker import fsdp
-from unirl_core.worker.stack import TrainStack
 
 pytestmark = pytest.mark.slow
 

@@ -8,9 +8,9 @@ import torch
 from unirl_core.config import recipe_from_tree
 from unirl_core.data.grpo_groups import expand_groups
 from unirl_core.data.sources import build_source
+from unirl_core.domains.diffusion.rollout.rollout import run_rollout
+from unirl_core.domains.diffusion.stack import TrainStack
 from unirl_core.models.registry import build_family
-from unirl_core.rollout.rollout import run_rollout
-from unirl_core.worker.stack import TrainStack
 
 pytestmark = pytest.mark.slow
 
@@ -120,7 +120,7 @@ def _condition_examples(tmp_path, colours):
 
 @pytest.mark.parametrize("family", ["sd3", "sd15"])
 def test_condition_images_start_image_to_image_and_train(family, tmp_path):
-    from unirl_core.rollout.rollout import start_step
+    from unirl_core.domains.diffusion.rollout.rollout import start_step
 
     config = train_config(family)
     config = config.model_copy(update={"sampling": config.sampling.model_copy(update={"num_inference_steps": 4})})
@@ -142,7 +142,7 @@ def test_condition_images_start_image_to_image_and_train(family, tmp_path):
 
 def test_condition_images_are_loaded_like_downloads(tmp_path):
     from unirl_core.data.prompts import PromptExample
-    from unirl_core.rollout.conditions import ConditionImageError, load_condition_image
+    from unirl_core.domains.diffusion.rollout.conditions import ConditionImageError, load_condition_image
 
     with pytest.raises(ConditionImageError, match=r"169\.254\.169\.254.*blocked"):
         load_condition_image("http://169.254.169.254/latest/meta-data", 32, 32)

@@ -10,10 +10,10 @@ import pytest
 import torch
 from warmup_cache import CAPTIONS, make_warmup_cache
 
+from unirl_core.domains.diffusion.warmup import WarmupData, split_batch
 from unirl_core.models.families.sd3.family import SD3Family
 from unirl_core.models.families.sd15.family import SD15Family
 from unirl_core.models.registry import resolve_model_path
-from unirl_core.worker.warmup import WarmupData, split_batch
 
 pytestmark = pytest.mark.slow
 
@@ -152,8 +152,8 @@ def test_micro_batches_and_batch_splits_give_the_same_warmup_step(cache):
     """Per-sample draws from (seed, step, key): accumulating micro-batches of 1 or 3 samples, or splitting the batch
     over two ranks and averaging their gradients (FSDP's reduce), gives the full batch's gradients and loss."""
     from unirl_core.config.schema import WarmupConfig
-    from unirl_core.rollout.noise import sample_seed
-    from unirl_core.worker.stack import WarmupStack
+    from unirl_core.data.noise import sample_seed
+    from unirl_core.domains.diffusion.stack import WarmupStack
 
     config, _ = cache
     batch = warmup(config).next_batch()

@@ -18,9 +18,9 @@ from __future__ import annotations
 import torch
 
 from unirl_core.algorithms.losses import flow_matching_loss
+from unirl_core.data.noise import Generators, per_sample, randn
+from unirl_core.domains.diffusion.rollout.samplers import StepResult
 from unirl_core.models.family import Family
-from unirl_core.rollout.noise import Generators, per_sample, randn
-from unirl_core.rollout.samplers import StepResult
 
 TIMESTEP_SCALE = 1000.0  # the SD3 transformer embeds timesteps in [0, 1000]: sigma 1 -> 1000
 

@@ -12,7 +12,7 @@ import math
 
 import torch
 
-from unirl_core.rollout.samplers import Sampler, StepResult, gaussian_step
+from unirl_core.domains.diffusion.rollout.samplers import Sampler, StepResult, gaussian_step
 
 
 class TruncatedSDE(Sampler):

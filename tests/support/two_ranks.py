@@ -37,10 +37,10 @@ def one_step(name: str, rank: int = 0, world: int = 1) -> tuple[list[torch.Tenso
     from unirl_core.config import recipe_from_tree
     from unirl_core.data.grpo_groups import expand_groups
     from unirl_core.data.sources import build_source
+    from unirl_core.domains.diffusion.rollout.rollout import run_rollout
+    from unirl_core.domains.diffusion.stack import build_stack
     from unirl_core.models.registry import build_family
-    from unirl_core.rollout.rollout import run_rollout
     from unirl_core.worker.fsdp import full_value, parallelize
-    from unirl_core.worker.stack import build_stack
 
     config = recipe_from_tree({"train": {
         "data": {"source": "smoke", "prompts_per_rollout": 2},

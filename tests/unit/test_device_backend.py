@@ -11,8 +11,8 @@ import torch
 from unirl_core.algorithms.registry import algorithm_config
 from unirl_core.distributed import process_group
 from unirl_core.distributed.rank import TorchWorker
+from unirl_core.domains.diffusion.stack import TrainStack
 from unirl_core.worker.fsdp import mixed_precision_policy
-from unirl_core.worker.stack import TrainStack
 from unirl_core.worker.worker import TrainWorker
 
 # --- the backend follows the worker's device --------------------------------------------------------------------

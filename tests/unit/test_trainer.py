@@ -75,7 +75,7 @@ def test_retry_condition_retries_lost_workers_and_deadlines_only():
     from unirl_core.controller import RoundDeadlineError
     from unirl_core.distributed.worker_group import WorkerLostError
     from unirl_core.worker.checkpoint import CheckpointError
-    from unirl_core.worker.stack import NonFiniteError
+    from unirl_core.worker.optim import NonFiniteError
 
     def retried(exc):
         return is_retryable(None, None, Failed(data=exc))

@@ -70,7 +70,7 @@ class AlgorithmConfig(StrictModel):
         return data
 
     sde_type: str = "sde"
-    """The stochastic step (a sampler of `unirl_core/rollout/samplers/`): Flow-GRPO's SDE (`sde`, std
+    """The stochastic step (a sampler of `unirl_core/domains/diffusion/rollout/samplers/`): Flow-GRPO's SDE (`sde`, std
     eta sqrt(sigma / (1 - sigma)) sqrt(|dt|); on DDIM families, DDIM with eta), Coefficients-Preserving Sampling
     (`cps`, arXiv 2509.05952: std sigma_next sin(eta pi / 2), the noise level kept exact; flow_grpo's Fast configs
     use it with eta 0.8), DanceGRPO's (`dance`, std eta sqrt(|dt|)), or a `Sampler` subclass in any importable
@@ -79,7 +79,7 @@ class AlgorithmConfig(StrictModel):
     @field_validator("sde_type")
     @classmethod
     def _known_sampler(cls, value: str) -> str:
-        from unirl_core.rollout.samplers.registry import sampler_classes
+        from unirl_core.domains.diffusion.rollout.samplers.registry import sampler_classes
 
         sampler_classes(value)  # an unknown or unimportable name: its error says what is allowed
         return value

@@ -18,7 +18,7 @@ from unirl_core.algorithms.base import Algorithm, reduce_terms
 from unirl_core.algorithms.config import AlgorithmConfig
 from unirl_core.algorithms.losses import nft_loss, nft_preference, prediction_mse
 from unirl_core.config.schema_base import Count
-from unirl_core.rollout.noise import sample_seed
+from unirl_core.data.noise import sample_seed
 
 
 class DiffusionNFTConfig(AlgorithmConfig):

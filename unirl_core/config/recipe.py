@@ -21,8 +21,8 @@ from typing import Any
 import yaml
 from pydantic import BaseModel, Tag, ValidationError
 
-from unirl_core.config.schema_base import SectionClass
 from unirl_core.config.schema import Recipe
+from unirl_core.config.schema_base import SectionClass
 from unirl_core.errors import UserError
 from unirl_core.workspace import workspace
 

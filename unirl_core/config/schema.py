@@ -780,7 +780,7 @@ class TrainConfig(StrictModel):
             )
         window, steps = self.algorithm.sde_window, self.sampling.num_inference_steps
         if window is not None and not algorithm_class(self.algorithm.name).likelihood_free:
-            from unirl_core.rollout.step_plan import window_end
+            from unirl_core.domains.diffusion.rollout.step_plan import window_end
 
             end = window_end(self.algorithm, steps)
             if end > steps:

@@ -127,26 +127,27 @@ class RLRound(RoundStrategy):
 
 
 class WarmupRound(RoundStrategy):
-    """Supervised warm-up on precached (latent, conditioning) pairs; the fixed-draw eval loss before and after."""
+    """Supervised warm-up on the domain's data (image diffusion: precached (latent, conditioning) pairs); the
+    fixed-draw eval loss before and after."""
 
     stage = "warmup"
 
     def __init__(self, controller, precache=None):
-        from unirl_core.worker.warmup import open_warmup_data
+        from unirl_core.domains.registry import domain_class
 
         super().__init__(controller, precache)
-        self.data = open_warmup_data(controller.config, precache)
+        self.domain = domain_class(controller.config.domain.name)
+        self.data = self.domain.warmup_data(controller.config, precache)
 
     def states(self) -> dict[str, Any]:
         return {"warmup_data": self.data}
 
     def step(self, stage_step: int, timeout: float, last: bool) -> dict[str, float]:
-        from unirl_core.worker.warmup import split_batch
-
         c = self.controller
         started = time.perf_counter()
         batch = self.data.next_batch()
-        parts = c.group.scatter(TrainWorker.warmup, split_batch(batch, c.workers), stage_step, timeout=timeout)
+        parts = c.group.scatter(TrainWorker.warmup, self.domain.split_warmup(batch, c.workers), stage_step,
+                                timeout=timeout)  # fmt: skip
         metrics = {f"warmup_{k}": v for k, v in reduce_metrics(parts).items()}
         metrics["warmup_samples_per_s"] = len(batch["keys"]) / (time.perf_counter() - started)
         return metrics
@@ -164,15 +165,13 @@ class WarmupRound(RoundStrategy):
 
     def _eval(self, timeout: float) -> float:
         """The mean denoising loss on the data's first batch with fixed draws: comparable across the warm-up."""
-        from unirl_core.worker.warmup import split_batch
-
         c = self.controller
         saved = self.data.state_dict()
         self.data.load_state_dict(saved | {"epoch": 0, "batch_in_epoch": 0})
         batch = self.data.next_batch()
         self.data.load_state_dict(saved)
-        losses = c.group.scatter(TrainWorker.warmup_eval, split_batch(batch, c.workers), c.config.warmup.seed,
-                                 timeout=timeout)  # fmt: skip
+        losses = c.group.scatter(TrainWorker.warmup_eval, self.domain.split_warmup(batch, c.workers),
+                                 c.config.warmup.seed, timeout=timeout)  # fmt: skip
         return float(np.mean(losses))
 
 

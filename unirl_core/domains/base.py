@@ -19,6 +19,7 @@ the worker group, EMA and checkpoints of the trained module.
         grid(outputs, captions, cols)      -> a PIL image of outputs, a row per caption (sample and eval grids)
         export(policy, config, folder, merged) -> writes what `from_pretrained` loads; returns whether merged
         model_card(config, run_name)       -> what the registered MLflow model version says of itself
+        warmup_data(config, precache), split_warmup(batch, workers): the warm-up's batches and their shares
         export_config(config)              -> the config an export builds the policy from (default: the recipe's)
 
 A domain outside unirl is a `Domain` subclass named in the recipe as `train.domain.name: package.module:ClassName`,
@@ -81,6 +82,17 @@ class Domain:
         """(path under `train.`, value, what is allowed) of what this domain cannot train."""
         if config.warmup.steps and "warmup" not in cls.stages:
             yield "warmup.steps", config.warmup.steps, f"0: the {config.domain.name} domain has no supervised warm-up"
+
+    @classmethod
+    def warmup_data(cls, config, precache):
+        """The warm-up's data on the controller: `next_batch()` and `state_dict()`/`load_state_dict()` (a named
+        state of the checkpoints; `epoch`, `batch_in_epoch` in it)."""
+        raise NotImplementedError(f"{cls.__name__} has no supervised warm-up")
+
+    @classmethod
+    def split_warmup(cls, batch, workers: int) -> list:
+        """A warm-up batch in `workers` equal shares."""
+        raise NotImplementedError(f"{cls.__name__} has no supervised warm-up")
 
     @classmethod
     def start_problems(cls, config) -> list[str]:

@@ -1,8 +1,8 @@
 """Domains by name: the recipe's `train.domain.name` -> a `Domain` subclass and its config.
 
-    domain_class("diffusion")               -> DiffusionDomain
-    domain_class("my_pkg.domains:MyDomain") -> a domain in any importable module (Ray workers import it too)
-    domain_config({"name": ..., ...})       -> its validated config (the class's `config_class`)
+domain_class("diffusion")               -> DiffusionDomain
+domain_class("my_pkg.domains:MyDomain") -> a domain in any importable module (Ray workers import it too)
+domain_config({"name": ..., ...})       -> its validated config (the class's `config_class`)
 """
 
 from __future__ import annotations

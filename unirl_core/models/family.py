@@ -35,6 +35,8 @@ from typing import ClassVar
 
 import torch
 
+from unirl_core.data.noise import Generators, sample_seed
+from unirl_core.domains.diffusion.rollout.samplers import Sampler, StepResult
 from unirl_core.models.dtypes import DTYPES
 from unirl_core.models.text_cache import (
     CachedConditioning,
@@ -43,8 +45,6 @@ from unirl_core.models.text_cache import (
     files_fingerprint,
     state_dict_fingerprint,
 )
-from unirl_core.rollout.noise import Generators, sample_seed
-from unirl_core.rollout.samplers import Sampler, StepResult
 
 TEXT_ENCODER_PREFIX = "text_encoder"  # pipeline components named so are the text encoders (the VLM of edit models too)
 
@@ -274,8 +274,8 @@ class Family(ABC):
         """How `algorithm` samples and trains on this family: its sampler (`sde_type`) for this family's kind and
         its CFG gradient (`cfg_gradient`). The rollout, the train stack and evaluation pass it to every transition;
         the family keeps nothing of it."""
+        from unirl_core.domains.diffusion.rollout.samplers.registry import BUILT_IN, sampler_for
         from unirl_core.errors import UserError
-        from unirl_core.rollout.samplers.registry import BUILT_IN, sampler_for
 
         try:
             sampler = sampler_for(algorithm.sde_type, self.sampler_kind)
@@ -295,7 +295,7 @@ class Family(ABC):
 
     def sampler_of(self, sampling: StepSampling | None) -> Sampler:
         """`sampling`'s sampler, or this family kind's own (`sde`) when a caller passes none (evaluation)."""
-        from unirl_core.rollout.samplers.registry import sampler_for
+        from unirl_core.domains.diffusion.rollout.samplers.registry import sampler_for
 
         return sampler_for("sde", self.sampler_kind) if sampling is None else sampling.sampler
 

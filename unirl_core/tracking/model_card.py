@@ -60,7 +60,8 @@ class ModelCard:
         signature = ModelSignature(
             inputs=Schema([ColSpec("string", "prompt")]),
             outputs=Schema([TensorSpec(np.dtype("uint8"), (-1, self.height, self.width, 3), "image")])
-            if self.height else Schema([ColSpec("string", "output")]),  # a domain without images: text out
+            if self.height
+            else Schema([ColSpec("string", "output")]),  # a domain without images: text out
         )
         body = {
             "artifact_path": artifact_path,

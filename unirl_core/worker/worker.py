@@ -91,7 +91,9 @@ class TrainWorker(TorchWorker):
         wanted = set(want_outputs)
         return {
             "rewards": {k: [float(x) for x in v] for k, v in scores.items()},
-            "outputs": {s.sample_id: output for s, output in zip(samples, outputs, strict=True) if s.sample_id in wanted},
+            "outputs": {
+                s.sample_id: output for s, output in zip(samples, outputs, strict=True) if s.sample_id in wanted
+            },
             "seconds_rollout": rolled - started,
             "seconds_reward": time.perf_counter() - rolled,
         }

@@ -20,9 +20,9 @@ import numpy as np
 import torch
 from pydantic import Field
 
+from unirl_core.data.noise import sample_seed
 from unirl_core.domains.base import Domain, DomainConfig
-from unirl_core.rollout.noise import sample_seed
-from unirl_core.worker.stack import adamw, clip_gradients
+from unirl_core.worker.optim import adamw, clip_gradients
 
 PROMPT_TOKENS = 4  # a prompt is its first 4 characters, one token each
 TARGET = 3  # the token `count_target` rewards

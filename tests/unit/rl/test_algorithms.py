@@ -29,8 +29,8 @@ from unirl_core.algorithms.losses import (
 from unirl_core.algorithms.registry import algorithm_config
 from unirl_core.config import RecipeError, recipe_from_tree
 from unirl_core.config.schema import TrainConfig
-from unirl_core.rollout.samplers import cps_step, flow_sde_step
-from unirl_core.rollout.step_plan import plan_steps
+from unirl_core.domains.diffusion.rollout.samplers import cps_step, flow_sde_step
+from unirl_core.domains.diffusion.rollout.step_plan import plan_steps
 
 SIGMA, SIGMA_NEXT, SIGMA_MAX = 0.79037, 0.70728, 0.96013
 X = torch.tensor([[0.5, -1.0], [0.1, 0.2]], dtype=torch.float64)
@@ -360,7 +360,7 @@ def test_every_sampler_reports_the_clean_latent_it_predicts():
         result = flow_sde_step(V_OLD, X, SIGMA, SIGMA_NEXT, eta, sigma_max=SIGMA_MAX)
         assert torch.allclose(result.x0, (X - SIGMA * V_OLD).float()) and torch.equal(result.prediction, V_OLD.float())
     assert torch.allclose(cps_step(V_OLD, X, SIGMA, SIGMA_NEXT, 0.8).x0, (X - SIGMA * V_OLD).float())
-    from unirl_core.rollout.samplers import ddim_step
+    from unirl_core.domains.diffusion.rollout.samplers import ddim_step
 
     result = ddim_step(V_OLD, X, 0.3, 0.5, 0.0)
     assert torch.allclose(result.x0, ((X - math.sqrt(0.7) * V_OLD) / math.sqrt(0.3)).float())

@@ -17,9 +17,9 @@ import torch
 from diffusers import DDIMScheduler, DPMSolverMultistepScheduler
 
 from unirl_core.algorithms.registry import algorithm_config
-from unirl_core.rollout.ode import OdeSteps
-from unirl_core.rollout.samplers import ddim_step, flow_sde_step
-from unirl_core.rollout.step_plan import StepPlan, compressed_schedule, plan_steps
+from unirl_core.domains.diffusion.rollout.ode import OdeSteps
+from unirl_core.domains.diffusion.rollout.samplers import ddim_step, flow_sde_step
+from unirl_core.domains.diffusion.rollout.step_plan import StepPlan, compressed_schedule, plan_steps
 
 X_START = torch.randn(2, 3, 4, 4, generator=torch.Generator().manual_seed(0), dtype=torch.float64)
 

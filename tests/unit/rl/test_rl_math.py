@@ -12,9 +12,9 @@ from PIL import Image
 
 from unirl_core.algorithms.advantages import PerPromptStatTracker, group_advantages
 from unirl_core.algorithms.losses import gaussian_kl, ppo_clip_loss
+from unirl_core.domains.diffusion.rollout.samplers import ddim_step, flow_sde_step
 from unirl_core.rewards import functions
 from unirl_core.rewards.service import RewardError, RewardService
-from unirl_core.rollout.samplers import ddim_step, flow_sde_step
 
 
 def reference_log_prob(x, mean, std) -> torch.Tensor:
@@ -138,7 +138,7 @@ def test_reward_service_totals_and_refuses_nan(monkeypatch):
 
 
 def test_lr_schedules_warm_up_then_hold_or_decay_to_zero():
-    from unirl_core.worker.stack import lr_factor
+    from unirl_core.worker.optim import lr_factor
 
     assert [lr_factor(s, 10, "constant", 0) for s in (0, 5, 9)] == [1.0, 1.0, 1.0]
     assert [round(lr_factor(s, 10, "cosine", 3), 4) for s in (0, 1, 2)] == [0.25, 0.5, 0.75]  # linear warm-up

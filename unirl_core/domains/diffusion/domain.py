@@ -25,14 +25,16 @@ class DiffusionDomain(Domain):
         return build_family(self.config.model, self.config.sampling, device=str(self.device))
 
     def rl_stack(self, policy):
-        from unirl_core.worker.stack import build_stack
+        from unirl_core.domains.diffusion.stack import build_stack
 
         config = self.config
-        return build_stack(policy, config.algorithm, total_updates=config.steps * config.algorithm.num_updates_per_batch)
+        return build_stack(
+            policy, config.algorithm, total_updates=config.steps * config.algorithm.num_updates_per_batch
+        )
 
     def rollout(self, policy, stack, samples: list, step: int):
         """Latent trajectories of `samples` with the algorithm's sampler; `outputs`: the decoded images."""
-        from unirl_core.rollout.rollout import run_rollout
+        from unirl_core.domains.diffusion.rollout.rollout import run_rollout
 
         config = self.config
         return run_rollout(policy, samples, config.sampling, config.algorithm, seed=config.sampling.seed + step,
@@ -52,13 +54,13 @@ class DiffusionDomain(Domain):
         return family.decode(x)
 
     def warmup_stack(self, policy):
-        from unirl_core.worker.stack import WarmupStack
+        from unirl_core.domains.diffusion.stack import WarmupStack
 
         return WarmupStack(policy, self.config.warmup, self.config.algorithm.max_grad_norm)
 
     def warmup_step(self, policy, stack, batch: dict[str, Any], step: int) -> dict[str, float]:
         """One supervised step on this rank's share of precached (latent, conditioning) pairs."""
-        from unirl_core.rollout.noise import sample_seed
+        from unirl_core.data.noise import sample_seed
 
         # per sample, from (seed, step, sample key): the same draws on any number of workers and micro-batches
         seed = self.config.warmup.seed
@@ -69,7 +71,7 @@ class DiffusionDomain(Domain):
 
     def warmup_eval(self, policy, batch: dict[str, Any], seed: int, rank: int, draws: int = 4) -> float:
         """The denoising loss on this rank's share of a fixed batch, averaged over `draws` fixed noise draws."""
-        from unirl_core.rollout.noise import sample_seed
+        from unirl_core.data.noise import sample_seed
 
         latents = batch["latents"].to(self.device)
         cond = {k: v.to(self.device) for k, v in batch["cond"].items()}
@@ -86,6 +88,19 @@ class DiffusionDomain(Domain):
         name = config.algorithm.name
         if "diffusion" not in algorithm_class(name).domains:
             yield "algorithm.name", name, "an algorithm for the diffusion domain (its `domains` list 'diffusion')"
+
+    @classmethod
+    def warmup_data(cls, config, precache):
+        """Batches of precached (latent, text conditioning) pairs (`warmup.WarmupData`)."""
+        from unirl_core.domains.diffusion.warmup import open_warmup_data
+
+        return open_warmup_data(config, precache)
+
+    @classmethod
+    def split_warmup(cls, batch, workers: int) -> list:
+        from unirl_core.domains.diffusion.warmup import split_batch
+
+        return split_batch(batch, workers)
 
     @classmethod
     def start_problems(cls, config) -> list[str]:
@@ -138,4 +153,3 @@ class DiffusionDomain(Domain):
     def export_config(cls, config):
         """The recipe an export rebuilds the family from: no text-embedding cache (it only reads weights)."""
         return config.model_copy(update={"model": config.model.model_copy(update={"text_embedding_cache": None})})
-

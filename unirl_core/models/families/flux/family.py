@@ -29,9 +29,9 @@ import numpy as np
 import torch
 
 from unirl_core.algorithms.losses import flow_matching_loss
+from unirl_core.data.noise import Generators, per_sample, randn
+from unirl_core.domains.diffusion.rollout.samplers import StepResult
 from unirl_core.models.family import Family, PooledConditioning
-from unirl_core.rollout.noise import Generators, per_sample, randn
-from unirl_core.rollout.samplers import StepResult
 
 # Flow-GRPO's FLUX LoRA (scripts/train_flux.py, r=64, alpha=128): the joint blocks' image and text attention
 # projections and both feed-forwards; "attn.to_q/k/v" also match the single blocks' attention

@@ -30,9 +30,9 @@ import numpy as np
 import torch
 
 from unirl_core.algorithms.losses import flow_matching_loss
+from unirl_core.data.noise import Generators, per_sample, randn
+from unirl_core.domains.diffusion.rollout.samplers import StepResult
 from unirl_core.models.family import Family
-from unirl_core.rollout.noise import Generators, per_sample, randn
-from unirl_core.rollout.samplers import StepResult
 
 logger = logging.getLogger(__name__)
 

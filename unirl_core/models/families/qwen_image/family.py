@@ -28,10 +28,10 @@ import numpy as np
 import torch
 
 from unirl_core.algorithms.losses import flow_matching_loss
+from unirl_core.data.noise import Generators, per_sample, randn
+from unirl_core.domains.diffusion.rollout.samplers import StepResult
 from unirl_core.models.families.flux.family import pack, unpack  # the same 2x2 packing (`_pack_latents`)
 from unirl_core.models.family import Family
-from unirl_core.rollout.noise import Generators, per_sample, randn
-from unirl_core.rollout.samplers import StepResult
 
 # Qwen/Qwen-Image's transformer/config.json: diffusers' QwenImageTransformer2DModel defaults are that config
 # (60 dual-stream blocks, 24 heads x 128, text width 3584 = Qwen2.5-VL-7B, RoPE axes 16/56/56); Qwen-Image-Edit

@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import torch
 
+from unirl_core.data.noise import Generators, per_sample, randn
+from unirl_core.domains.diffusion.rollout.samplers import StepResult
 from unirl_core.models.family import Family
-from unirl_core.rollout.noise import Generators, per_sample, randn
-from unirl_core.rollout.samplers import StepResult
 
 
 class SD15Family(Family):

@@ -9,9 +9,9 @@ from functools import lru_cache
 import torch
 
 from unirl_core.algorithms.losses import flow_matching_loss
+from unirl_core.data.noise import Generators, per_sample, randn
+from unirl_core.domains.diffusion.rollout.samplers import StepResult
 from unirl_core.models.family import Family, PooledConditioning
-from unirl_core.rollout.noise import Generators, per_sample, randn
-from unirl_core.rollout.samplers import StepResult
 
 
 @lru_cache(maxsize=16)

@@ -23,9 +23,9 @@ from typing import ClassVar
 
 import torch
 
+from unirl_core.data.noise import Generators, per_sample, randn
+from unirl_core.domains.diffusion.rollout.samplers import StepResult
 from unirl_core.models.family import Family, PooledConditioning
-from unirl_core.rollout.noise import Generators, per_sample, randn
-from unirl_core.rollout.samplers import StepResult
 
 # stabilityai/stable-diffusion-xl-base-1.0 unet/config.json (diffusers 0.19 export; the defaults of diffusers 0.42
 # left out): 2816 = pooled 1280 + 6 time ids x 256

@@ -1,48 +1,19 @@
-"""The train stack: the algorithm's `prepare` (pi_old frozen), then `num_updates_per_batch` disjoint mini-batch
-updates, each a micro-batch accumulation loop over the algorithm's `item_loss`, gradient clipping, a finite check and
-an optimizer step. What is computed belongs to the algorithm (`unirl_core.algorithms`); the stack never asks its
-name.
+"""The image-diffusion train stacks. RL: the algorithm's `prepare` (pi_old frozen), then `num_updates_per_batch`
+disjoint mini-batch updates, each a micro-batch accumulation loop over the algorithm's `item_loss`, gradient clipping,
+a finite check and an optimizer step; what is computed belongs to the algorithm (`unirl_core.algorithms`), and the
+stack never asks its name. Warm-up: supervised steps on the family's denoising loss.
 """
 
 from __future__ import annotations
 
-import math
 from collections.abc import Iterator
 
 import torch
 
 from unirl_core.algorithms.registry import algorithm_class, build_algorithm
-from unirl_core.errors import UserError
+from unirl_core.worker.optim import NonFiniteError, adamw, clip_gradients, lr_factor
 
-
-class NonFiniteError(UserError, RuntimeError):
-    """A non-finite loss or gradient: the optimizer step is skipped and the run stops, naming step and samples."""
-
-
-def lr_factor(step: int, total: int, schedule: str, warmup: int) -> float:
-    """Multiplier of the base learning rate at optimizer step `step` of `total` (linear warm-up, then the schedule)."""
-    if step < warmup:
-        return (step + 1) / (warmup + 1)
-    if schedule == "constant":
-        return 1.0
-    progress = min(1.0, (step - warmup) / max(1, total - warmup))
-    return 0.5 * (1.0 + math.cos(math.pi * progress))
-
-
-def clip_gradients(parameters, max_norm: float) -> torch.Tensor:
-    """Clip by the global norm, across shards when the parameters are FSDP2 DTensors (every rank gets the same)."""
-    from unirl_core.worker.fsdp import full_value
-
-    return full_value(torch.nn.utils.clip_grad_norm_(parameters, max_norm))
-
-
-def adamw(parameters: list[torch.nn.Parameter], lr: float) -> torch.optim.AdamW:
-    """AdamW (no weight decay) over float32 master weights; its state takes their dtype. A bf16 weight has 8
-    significant bits: an update below ~1/256 of the weight (lr 1e-5 on a weight of 0.01) would round away."""
-    low = sorted({str(p.dtype) for p in parameters if p.dtype != torch.float32})
-    if low:
-        raise ValueError(f"trained parameters in {low}: the optimizer needs float32 master weights (fsdp.parallelize)")
-    return torch.optim.AdamW(parameters, lr=lr, weight_decay=0.0)
+__all__ = ["NonFiniteError", "TrainStack", "WarmupStack", "build_stack"]
 
 
 class TrainStack:

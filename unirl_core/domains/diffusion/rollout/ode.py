@@ -11,7 +11,7 @@ sigma 0, where lambda is infinite: diffusers' `lower_order_final`) stay first or
 
 from __future__ import annotations
 
-from unirl_core.rollout.samplers import StepResult, dpm_solver_2m
+from unirl_core.domains.diffusion.rollout.samplers import StepResult, dpm_solver_2m
 
 
 class OdeSteps:

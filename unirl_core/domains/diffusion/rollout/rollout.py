@@ -12,10 +12,10 @@ import torch
 
 from unirl_core.algorithms.registry import algorithm_class
 from unirl_core.data.grpo_groups import RolloutSample
-from unirl_core.rollout.conditions import ConditionLatents, condition_uri
-from unirl_core.rollout.noise import sample_generators
-from unirl_core.rollout.ode import OdeSteps
-from unirl_core.rollout.step_plan import compressed_schedule, plan_steps
+from unirl_core.data.noise import sample_generators
+from unirl_core.domains.diffusion.rollout.conditions import ConditionLatents, condition_uri
+from unirl_core.domains.diffusion.rollout.ode import OdeSteps
+from unirl_core.domains.diffusion.rollout.step_plan import compressed_schedule, plan_steps
 
 
 @dataclass

@@ -15,7 +15,7 @@ from typing import ClassVar
 
 import torch
 
-from unirl_core.rollout.noise import Generators, randn_like_samples
+from unirl_core.data.noise import Generators, randn_like_samples
 
 LOG_SQRT_2PI = 0.5 * math.log(2 * math.pi)
 

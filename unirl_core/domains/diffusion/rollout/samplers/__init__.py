@@ -4,11 +4,17 @@ with eta) and the deterministic multistep solver (`dpm_solver`: DPM-Solver++ 2M)
 (`Sampler`, `StepResult`), `registry.py` resolves the recipe's `train.algorithm.sde_type` for a family's kind.
 """
 
-from unirl_core.rollout.samplers.base import LOG_SQRT_2PI, Sampler, StepResult, gaussian_log_prob, gaussian_step
-from unirl_core.rollout.samplers.cps import cps_step
-from unirl_core.rollout.samplers.ddim import ddim_step
-from unirl_core.rollout.samplers.dpm_solver import dpm_solver_2m
-from unirl_core.rollout.samplers.flow_sde import flow_sde_step
+from unirl_core.domains.diffusion.rollout.samplers.base import (
+    LOG_SQRT_2PI,
+    Sampler,
+    StepResult,
+    gaussian_log_prob,
+    gaussian_step,
+)
+from unirl_core.domains.diffusion.rollout.samplers.cps import cps_step
+from unirl_core.domains.diffusion.rollout.samplers.ddim import ddim_step
+from unirl_core.domains.diffusion.rollout.samplers.dpm_solver import dpm_solver_2m
+from unirl_core.domains.diffusion.rollout.samplers.flow_sde import flow_sde_step
 
 __all__ = [
     "LOG_SQRT_2PI",

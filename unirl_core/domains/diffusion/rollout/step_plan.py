@@ -22,7 +22,7 @@ from dataclasses import dataclass
 
 import torch
 
-from unirl_core.rollout.noise import sample_seed
+from unirl_core.data.noise import sample_seed
 
 
 @dataclass(frozen=True)
@@ -34,7 +34,7 @@ class StepPlan:
 def last_candidate(algorithm, num_steps: int) -> int:
     """One past the last step that may be stochastic: the last step is left out with `exclude_last_step` and
     with a sampler that puts no noise on the step to the last level (CPS: `noise_at_last_step`)."""
-    from unirl_core.rollout.samplers.registry import sampler_classes
+    from unirl_core.domains.diffusion.rollout.samplers.registry import sampler_classes
 
     noisy_last = all(cls.noise_at_last_step for cls in sampler_classes(algorithm.sde_type))
     return num_steps - 1 if algorithm.exclude_last_step or not noisy_last else num_steps

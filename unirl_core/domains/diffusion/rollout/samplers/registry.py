@@ -11,14 +11,17 @@ from __future__ import annotations
 
 import functools
 
+from unirl_core.domains.diffusion.rollout.samplers.base import Sampler
 from unirl_core.errors import UserError
 from unirl_core.plugins import load_class
-from unirl_core.rollout.samplers.base import Sampler
 
 BUILT_IN: dict[str, dict[str, str]] = {  # name -> {family kind: "module:Class"}
-    "sde": {"flow": "unirl_core.rollout.samplers.flow_sde:FlowSDE", "ddim": "unirl_core.rollout.samplers.ddim:DDIM"},
-    "cps": {"flow": "unirl_core.rollout.samplers.cps:CPS"},
-    "dance": {"flow": "unirl_core.rollout.samplers.dance_sde:DanceSDE"},
+    "sde": {
+        "flow": "unirl_core.domains.diffusion.rollout.samplers.flow_sde:FlowSDE",
+        "ddim": "unirl_core.domains.diffusion.rollout.samplers.ddim:DDIM",
+    },
+    "cps": {"flow": "unirl_core.domains.diffusion.rollout.samplers.cps:CPS"},
+    "dance": {"flow": "unirl_core.domains.diffusion.rollout.samplers.dance_sde:DanceSDE"},
 }
 
 

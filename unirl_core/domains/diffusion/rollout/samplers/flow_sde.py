@@ -11,8 +11,8 @@ import math
 
 import torch
 
-from unirl_core.rollout.noise import Generators
-from unirl_core.rollout.samplers.base import Sampler, StepResult, gaussian_step
+from unirl_core.data.noise import Generators
+from unirl_core.domains.diffusion.rollout.samplers.base import Sampler, StepResult, gaussian_step
 
 
 def flow_sde_step(

@@ -3,8 +3,8 @@ noise level (`flow_sde_step(..., constant_std=True)`): x_next = mean + eta sqrt(
 
 from __future__ import annotations
 
-from unirl_core.rollout.samplers.base import Sampler
-from unirl_core.rollout.samplers.flow_sde import flow_sde_step
+from unirl_core.domains.diffusion.rollout.samplers.base import Sampler
+from unirl_core.domains.diffusion.rollout.samplers.flow_sde import flow_sde_step
 
 
 class DanceSDE(Sampler):
