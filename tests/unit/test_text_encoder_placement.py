@@ -11,7 +11,7 @@ from safetensors.torch import load_file, save_file
 
 import unirl_core.models.text_cache as text_cache
 from unirl_core.config.schema import ModelConfig, SamplingConfig
-from unirl_core.models.family import text_encoder_placement
+from unirl_core.models.parts.text import text_encoder_placement
 from unirl_core.models.registry import build_family, family_class, write_tiny_model
 from unirl_core.workspace import workspace
 

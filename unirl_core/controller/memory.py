@@ -78,7 +78,7 @@ def _trainable(denoiser: torch.nn.Module, lora) -> int:
 def _weights(family, model, parameters: dict, largest_block: int, workers: int, text: int, b: int) -> dict:
     """Bytes of the weights every phase holds: the denoiser's shard plus one gathered block, the text encoders (none
     on the device when they live on the CPU), the VAE."""
-    from unirl_core.models.family import text_encoder_placement
+    from unirl_core.models.parts.text import text_encoder_placement
 
     placement = text_encoder_placement(
         model.text_encoders, "cuda", bool(model.text_embedding_cache), family.text_only_conditioning

@@ -6,72 +6,49 @@ not). An instance is the model the loop drives (`family` there).
 |----------------------|-------------------------------------------------------------------------------------------|
 | loading              | `__init__(path, ...)` a diffusers folder; `build_tiny(seed)` the tiny test model          |
 | trained module, LoRA | `trainable`, `parameters()`, `blocks()` (FSDP units), `reference()` (adapter disabled)    |
-| text conditioning    | `encode_texts(texts)`, `encode(prompts)` (CFG halves), `text_identity()` (cache key),     |
-|                      | `pack_conditioning` / `unpack_conditioning` (the precache form: one tensor per prompt)    |
+| text conditioning    | the `TextConditioning` part (`models/parts/text.py`; `PooledConditioning` its pooled      |
+|                      | variant): `encode_texts(texts)`, `encode(prompts)` (CFG halves), `text_identity()` (cache |
+|                      | key), `pack_conditioning` / `unpack_conditioning` (the precache form: one tensor per prompt)|
 | latents              | `latent_shape(h, w)`, `latent_stride`, `initial_noise(ids, seed, shape)`                  |
 | scheduler, sampler   | `schedule(n, shape)`, `transition(x, i, eta, cond, schedule, ..., sampling)`, `noised`,   |
 |                      | `sampler_kind`, `step_sampling(algorithm)` (the sampler and CFG gradient, per call)        |
 | condition images     | `condition_mode`: "start" (image-to-image from the noised image) or "reference" (edit     |
 |                      | models: `with_condition_images(cond, prompts, images, latents)` adds it to the conditioning)|
-| VAE                  | `decode(latents)`, `encode_images(images)`, `encode_pixels(pixels)` (precache)           |
-| CFG                  | `cfg`, `select(cond, index)`, `guided(output, sampling)`, `with_guidance(scale)` (a view) |
+| VAE                  | the `VaeCodec` part (`parts/vae.py`): `decode(latents)`, `encode_images(images)`,         |
+|                      | `encode_pixels(pixels)` (precache)                                                        |
+| CFG                  | the `ClassifierFreeGuidance` part (`parts/guidance.py`): `cfg`, `select(cond, index)`,    |
+|                      | `guided(output, sampling)`, `with_guidance(scale)` (a view)                               |
 | warm-up target       | `denoising_loss(x0, cond, generators)`                                                    |
 | export               | `export_adapter(folder, base)` (peft + diffusers LoRA), `export_merged(folder, base)`     |
 
 Adding a family is one folder in `models/families/` (its `family.py`, `tiny.py`, `real_size.py`; see that package's
-docstring); the registry finds it and nothing in the loop changes. The generic parts below assume a diffusers
-pipeline with a VAE (`vae`, `image_processor`, `vae_scale_factor`); a family that differs overrides them.
+docstring); the registry finds it and nothing in the loop changes. The parts (`models/parts/`) are mixed in beside
+this base: a family composes another part (a video VAE, embedded guidance) by mixing in its own before `Family`, or
+overrides one member. The generic parts assume a diffusers pipeline with a VAE (`vae`, `image_processor`,
+`vae_scale_factor`); a family that differs overrides them.
 """
 
 from __future__ import annotations
 
 import contextlib
-import copy
-import hashlib
 from abc import ABC, abstractmethod
-from dataclasses import dataclass
 from pathlib import Path
 from typing import ClassVar
 
 import torch
 
 from unirl_core.data.noise import Generators, sample_seed
-from unirl_core.domains.diffusion.rollout.samplers import Sampler, StepResult
+from unirl_core.domains.diffusion.rollout.samplers import Sampler, StepResult, StepSampling
 from unirl_core.models.dtypes import DTYPES
-from unirl_core.models.text_cache import (
-    CachedConditioning,
-    Conditioning,
-    PromptEmbeddingCache,
-    files_fingerprint,
-    state_dict_fingerprint,
-)
+from unirl_core.models.parts.guidance import ClassifierFreeGuidance
+from unirl_core.models.parts.text import TEXT_ENCODER_PREFIX, PooledConditioning, TextConditioning
+from unirl_core.models.parts.vae import VaeCodec
+from unirl_core.models.text_cache import CachedConditioning, Conditioning
 
-TEXT_ENCODER_PREFIX = "text_encoder"  # pipeline components named so are the text encoders (the VLM of edit models too)
+__all__ = ["Family", "PooledConditioning", "StepSampling", "canonical_header", "sorted_sets"]
 
 
-def text_encoder_placement(setting: str, device: str, text_cache: bool, text_only_conditioning: bool = True) -> str:
-    """Where the frozen text encoders live: "device" (with the model) or "cpu". `setting` is the recipe's
-    `train.model.text_encoders`; "auto" is "cpu" when a text-embedding cache serves the prompts (`text_cache`), the
-    family's prompts can be cached (`text_only_conditioning`: an edit model's VLM reads every condition image at
-    every rollout, so it stays on the device) and the device is not the CPU already; otherwise "device"."""
-    if setting not in ("auto", "device", "cpu"):
-        raise ValueError(f"text_encoders {setting!r}: choose auto, device or cpu")
-    if setting != "auto":
-        return setting
-    on_cpu = torch.device(device).type == "cpu"
-    return "cpu" if text_cache and text_only_conditioning and not on_cpu else "device"
-
-
-@dataclass(frozen=True)
-class StepSampling:
-    """How an algorithm's transitions sample and train: its sampler and whether the CFG negative branch is detached
-    from the gradient (`Family.step_sampling`)."""
-
-    sampler: Sampler
-    detach_uncond: bool = False
-
-
-class Family(ABC):
+class Family(TextConditioning, VaeCodec, ClassifierFreeGuidance, ABC):
     name: ClassVar[str]  # the recipe's `train.model.family`
     pipeline_class: ClassVar[str]  # the diffusers pipeline class that loads the folder
     denoiser_name: ClassVar[str]  # the pipeline component that is trained
@@ -82,8 +59,6 @@ class Family(ABC):
     # in the conditioning (edit models: FLUX.1-Kontext, Qwen-Image-Edit), see `with_condition_images`
     condition_mode: ClassVar[str] = "start"
     sampler: ClassVar[str] = "flow SDE"  # how rollouts sample (shown by `unirl families`)
-    guidance: ClassVar[str] = "CFG"  # how `sampling.guidance_scale` is used (shown by `unirl families`)
-    cfg_branch: ClassVar[bool] = True  # guidance_scale > 1 runs a negative branch; False: embedded or unused
     text_only_conditioning: ClassVar[bool] = True  # False: a prompt is encoded with its condition image only (no
     # text-only precache or warm-up; e.g. Qwen-Image-Edit's VLM reads the image with the prompt)
 
@@ -177,69 +152,6 @@ class Family(ABC):
         finally:
             self.trainable.enable_adapters()
 
-    # --- text conditioning --------------------------------------------------------------------------------------
-
-    @abstractmethod
-    def encode_texts(self, texts: list[str]) -> Conditioning:
-        """Conditioning of a batch of texts without CFG: {name: [B, ...]}."""
-
-    def text_encoder_modules(self) -> dict[str, torch.nn.Module]:
-        """The loaded text encoders by component name (those named `text_encoder*`)."""
-        return {
-            name: module
-            for name, module in sorted(self.pipeline.components.items())
-            if name.startswith(TEXT_ENCODER_PREFIX) and isinstance(module, torch.nn.Module)
-        }
-
-    @property
-    def text_device(self) -> torch.device:
-        """Where the text encoders are (their inputs go there): `device`, or the CPU with `text_encoders: cpu`.
-        Read from the weights, so a caller that moves the modules (precache's `PipelinePromptEncoder`) is followed."""
-        for module in self.text_encoder_modules().values():
-            for parameter in module.parameters():
-                return parameter.device
-        return self.device
-
-    def text_identity(self) -> dict:
-        """What the conditioning depends on (the text-embedding cache key): the family, a fingerprint of every
-        text encoder's weights, the dtype. The fingerprint hashes each text encoder's files in the pipeline folder
-        (`<path>/<component>/`, memoized per machine by `files_fingerprint`: a model version is read once), or the
-        loaded weights where there are no files (a hub id, a pipeline built in memory)."""
-        digest = hashlib.sha256()
-        for name, module in self.text_encoder_modules().items():
-            files = files_fingerprint(str(Path(self.path) / name)) if getattr(self, "path", None) else None
-            if files is not None:
-                digest.update(f"{name}:files:{files}".encode())
-            else:
-                state_dict_fingerprint(name, module, digest)
-        return {"family": self.name, "text_encoders": digest.hexdigest()[:16], "dtype": str(self.dtype)}
-
-    def attach_text_cache(self, root: str) -> None:
-        """Read prompt conditioning through the text-embedding cache at `root` (misses are computed and written)."""
-        self.texts = CachedConditioning(self.encode_texts, PromptEmbeddingCache(root, self.text_identity()))
-
-    def encode(self, prompts: list[str]) -> Conditioning:
-        """Conditioning of a batch (with the negative prompt's first, as [negative, positive], when CFG is on).
-        Each distinct text is encoded once."""
-        texts = [*prompts, self.negative_prompt] if self.cfg else list(prompts)
-        table = self.texts(texts)
-        positive = {k: torch.stack([table[p][k] for p in prompts]) for k in table[prompts[0]]}
-        if self.cfg:
-            negative = table[self.negative_prompt]
-            positive = {k: torch.cat([negative[k].expand_as(v), v]) for k, v in positive.items()}
-        return {k: v.to(self.device) for k, v in positive.items()}
-
-    def pack_conditioning(self, cond: Conditioning) -> torch.Tensor:
-        """The precache form: one tensor [B, T, D] per batch (the precache writer stores one per encoding).
-        Default: a family whose conditioning is `embeds` alone."""
-        (tensor,) = cond.values()
-        return tensor
-
-    @classmethod
-    def unpack_conditioning(cls, packed: torch.Tensor, path: str) -> Conditioning:
-        """`pack_conditioning`'s inverse ([T, D] or [B, T, D]); `path`: the (resolved) pipeline folder."""
-        return {"embeds": packed}
-
     # --- latents ------------------------------------------------------------------------------------------------
 
     def latent_shape(self, height: int, width: int) -> tuple[int, int, int]:
@@ -324,73 +236,6 @@ class Family(ABC):
         reference = latents.to(self.device, torch.float32)
         return {**cond, "reference": torch.cat([reference, reference]) if self.cfg else reference}
 
-    # --- VAE ----------------------------------------------------------------------------------------------------
-
-    def decode_batch(self, chunk: int | None = None) -> int:
-        """Images per VAE decode call: `chunk`, else the recipe's `vae_decode_batch` (8 by default)."""
-        return chunk or getattr(self, "vae_decode_batch", 8)
-
-    @torch.no_grad()
-    def decode(self, latents: torch.Tensor, chunk: int | None = None):
-        """Scaled latents -> PIL images (VAE decode in chunks of `decode_batch(chunk)`)."""
-        images = []
-        vae, chunk = self.pipeline.vae, self.decode_batch(chunk)
-        for start in range(0, latents.shape[0], chunk):
-            part = latents[start : start + chunk].to(vae.dtype) / vae.config.scaling_factor
-            if getattr(vae.config, "shift_factor", None) is not None:
-                part = part + vae.config.shift_factor
-            decoded = vae.decode(part).sample
-            images += self.pipeline.image_processor.postprocess(decoded, output_type="pil")
-        return images
-
-    @torch.no_grad()
-    def encode_images(self, images) -> torch.Tensor:
-        """PIL images -> scaled VAE latents (the posterior mean), float32: the inverse of `decode`."""
-        return self.encode_pixels(self.pipeline.image_processor.preprocess(images))
-
-    @torch.no_grad()
-    def encode_pixels(self, pixels: torch.Tensor) -> torch.Tensor:
-        """Pixels [B, 3, H, W] in [-1, 1] -> scaled VAE latents [B, C, h, w] (the posterior mean), float32:
-        (mean - shift_factor) * scaling_factor. Precache stores these (`PipelineImageEncoder`)."""
-        vae = self.pipeline.vae
-        latents = vae.encode(pixels.to(self.device, vae.dtype)).latent_dist.mean.float()
-        if getattr(vae.config, "shift_factor", None) is not None:
-            latents = latents - vae.config.shift_factor
-        return latents * vae.config.scaling_factor
-
-    # --- classifier-free guidance -------------------------------------------------------------------------------
-
-    @property
-    def cfg(self) -> bool:
-        return self.cfg_branch and self.guidance_scale > 1.0
-
-    def select(self, cond: Conditioning, index: torch.Tensor) -> Conditioning:
-        """The conditioning of a subset of samples (both CFG halves, kept in [negative, positive] order)."""
-        if not self.cfg:
-            return {k: v[index] for k, v in cond.items()}
-        halves = {k: v.chunk(2) for k, v in cond.items()}
-        return {k: torch.cat([negative[index], positive[index]]) for k, (negative, positive) in halves.items()}
-
-    def guided(self, output: torch.Tensor, sampling: StepSampling | None = None) -> torch.Tensor:
-        """The denoiser's output on [negative, positive] inputs -> the guided float32 prediction."""
-        if not self.cfg:
-            return output.float()
-        uncond, cond = self.cfg_halves(output, sampling)
-        return uncond + self.guidance_scale * (cond - uncond)
-
-    def cfg_halves(self, output: torch.Tensor, sampling: StepSampling | None = None) -> tuple[torch.Tensor, ...]:
-        """(negative, positive) float32 halves of a CFG output; the negative one detached when `sampling` says so
-        (`algorithm.cfg_gradient: detach_uncond`)."""
-        uncond, cond = output.float().chunk(2)
-        return (uncond.detach() if sampling is not None and sampling.detach_uncond else uncond), cond
-
-    def with_guidance(self, guidance_scale: float) -> Family:
-        """This family (the same modules) sampling with another guidance scale: evaluation's `eval_guidance`,
-        without setting anything on the family the rollouts use."""
-        view = copy.copy(self)
-        view.guidance_scale = guidance_scale
-        return view
-
     # --- warm-up ------------------------------------------------------------------------------------------------
 
     @abstractmethod
@@ -470,26 +315,3 @@ def sorted_sets(peft_config):
         if isinstance(value, set | frozenset):
             setattr(config, field.name, sorted(value, key=str))
     return config
-
-
-class PooledConditioning:
-    """Conditioning {"embeds": [B, T, D], "pooled": [B, P]} (SD3, SDXL, FLUX.1), stored by precache as one
-    [B, T+1, D]: the embeds, then the pooled row zero-padded to D (P <= D). A family mixes it in before `Family`
-    and says where P comes from: `pooled_width(path)`, read from the pipeline folder's text-encoder configs."""
-
-    @staticmethod
-    def pooled_width(path: str) -> int:
-        raise NotImplementedError
-
-    def pack_conditioning(self, cond: Conditioning) -> torch.Tensor:
-        embeds, pooled = cond["embeds"], cond["pooled"]
-        if pooled.shape[-1] > embeds.shape[-1]:
-            raise ValueError(
-                f"pooled width {pooled.shape[-1]} > embedding width {embeds.shape[-1]}: cannot pack into one row"
-            )
-        row = torch.nn.functional.pad(pooled, (0, embeds.shape[-1] - pooled.shape[-1]))
-        return torch.cat([embeds, row[:, None, :].to(embeds.dtype)], dim=1)
-
-    @classmethod
-    def unpack_conditioning(cls, packed: torch.Tensor, path: str) -> Conditioning:
-        return {"embeds": packed[..., :-1, :], "pooled": packed[..., -1, : cls.pooled_width(path)]}

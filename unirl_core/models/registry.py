@@ -16,7 +16,8 @@ from pathlib import Path
 
 import torch
 
-from unirl_core.models.family import Family, text_encoder_placement
+from unirl_core.models.family import Family
+from unirl_core.models.parts.text import text_encoder_placement
 from unirl_core.plugins import load_class
 
 

@@ -8,6 +8,7 @@ from unirl_core.domains.diffusion.rollout.samplers.base import (
     LOG_SQRT_2PI,
     Sampler,
     StepResult,
+    StepSampling,
     gaussian_log_prob,
     gaussian_step,
 )
@@ -20,6 +21,7 @@ __all__ = [
     "LOG_SQRT_2PI",
     "Sampler",
     "StepResult",
+    "StepSampling",
     "cps_step",
     "ddim_step",
     "dpm_solver_2m",

@@ -67,3 +67,12 @@ class Sampler:
         sigma_next (flow) or a_t and a_prev (ddim); `level_max`: a flow schedule's second sigma (Flow-GRPO's std at
         sigma = 1). With `prev_sample`, the log-prob of that stored transition."""
         raise NotImplementedError
+
+
+@dataclass(frozen=True)
+class StepSampling:
+    """How an algorithm's transitions sample and train: its sampler and whether the CFG negative branch is detached
+    from the gradient (`Family.step_sampling`); passed to every transition."""
+
+    sampler: Sampler
+    detach_uncond: bool = False
