@@ -115,3 +115,10 @@ def test_the_domain_refuses_what_it_cannot_train():
     with pytest.raises(RecipeError) as unknown:
         load_recipe(RECIPE, ["train.domain.name=toy_domain:Nothing"])
     assert "domain 'toy_domain:Nothing' cannot be imported" in str(unknown.value)
+
+
+def test_no_unirl_file_names_the_toy_domain():
+    root = Path(__file__).parents[2]
+    named = [str(path.relative_to(root)) for folder in ("unirl_core", "flows", "tasks")
+             for path in (root / folder).rglob("*.py") if "toy_domain" in path.read_text()]  # fmt: skip
+    assert named == []
