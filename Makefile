@@ -13,7 +13,7 @@ export PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS := 120
 export DO_NOT_TRACK := 1
 export PREFECT_SERVER_ANALYTICS_ENABLED := false
 
-.PHONY: install test lint format clean demo serve ui-check
+.PHONY: install test lint format clean demo serve ui-check gpu-check wheelhouse
 
 install: $(STAMP)
 
@@ -52,6 +52,18 @@ serve: install
 # UI_CHECK_ARGS: e.g. --served (a live `unirl serve`'s demo, nothing run), --break mlflow-run-charts (see it fail).
 ui-check: install
 	$(BIN)/python tools/ui_check.py $(UI_CHECK_ARGS)
+
+# The GPU acceptance run (tools/gpu_check.py): GPU tests, a CUDA round resumed bitwise, a real-size SD3.5-medium step
+# vs the bare pipeline and `unirl plan`; reports in gpu-check/. Without CUDA every check is skipped and it exits 0.
+GPU_CHECK_ARGS ?=
+gpu-check: install
+	$(BIN)/python tools/gpu_check.py $(GPU_CHECK_ARGS)
+
+# Every wheel unirl needs on an offline target into wheelhouse/ (tools/wheelhouse.py, docs/offline-gpu-install.md):
+# WHEELHOUSE_ARGS="--python-version 3.12 --platform manylinux_2_28_x86_64 --have base-packages.txt".
+WHEELHOUSE_ARGS ?=
+wheelhouse: install
+	$(BIN)/python tools/wheelhouse.py --out wheelhouse $(WHEELHOUSE_ARGS)
 
 # Removes the virtualenv and caches. Never the workspace (.unirl): it holds your runs, data and checkpoints.
 clean:

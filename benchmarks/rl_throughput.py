@@ -25,6 +25,7 @@ rollout. Peak memory: `torch.cuda.max_memory_allocated` per phase on a GPU; the 
 from __future__ import annotations
 
 import argparse
+import json
 import resource
 import sys
 import tempfile
@@ -233,6 +234,7 @@ def main() -> None:
     parser.add_argument("--layers", type=int, default=None, help="transformer blocks (default: 24 with --full, else 2)")
     parser.add_argument("--steps", type=int, default=None, help="counted steps after the warm-up (default 2)")
     parser.add_argument("--deterministic", action="store_true", help="train.deterministic's settings (their cost)")
+    parser.add_argument("--json", type=Path, default=None, help="also write the figures to this file (gpu_check)")
     args = parser.parse_args()
     apply_determinism(args.deterministic)  # before the first cuBLAS call, as at a rank's setup
     full = args.full
@@ -260,6 +262,22 @@ def main() -> None:
               f"(built and saved in {time.perf_counter() - started:.0f} s)", flush=True)  # fmt: skip
         seconds, peaks, images = measure(tmp, args)
     report(seconds, peaks, images, args)
+    if args.json:
+        shape = {
+            "prompts": args.prompts,
+            "group": args.group,
+            "inference_steps": args.inference_steps,
+            "size": args.size,
+            "dtype": args.dtype,
+            "micro_batch": args.micro_batch,
+            "lora_targets": LORA_TARGETS,
+        }
+        step = sum(seconds[k] for k in PHASES)
+        args.json.write_text(json.dumps({
+            "device": args.device, "shape": shape, "seconds": seconds, "peak_gib": peaks, "images": images,
+            "rollout_images_per_s": images / seconds["rollout"], "step_images_per_s": images / step,
+            "rollout_vs_bare": seconds["bare"] / seconds["rollout"],
+        }, indent=1))  # fmt: skip
 
 
 if __name__ == "__main__":

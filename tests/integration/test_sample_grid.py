@@ -17,9 +17,9 @@ def test_only_the_grid_images_reach_the_controller(tmp_path, monkeypatch):
     returned: list[int] = []
     rollout = TrainWorker.rollout
 
-    def counting(self, samples, step, want_images=()):
-        result = rollout(self, samples, step, want_images)
-        returned.append(len(result["images"]))
+    def counting(self, samples, step, want_outputs=()):
+        result = rollout(self, samples, step, want_outputs)
+        returned.append(len(result["outputs"]))
         return result
 
     counting.__name__, counting.__qualname__ = "rollout", "TrainWorker.rollout"  # called by method name

@@ -234,3 +234,22 @@ def test_the_name_comparison_rule_sees_each_form(tmp_path):
         'z = sampler == "cps"\n'  # a sampler, not an algorithm: allowed
     )
     assert algorithm_name_comparisons(source, {"mixgrpo", "grpo"}) == [f"{source}:1", f"{source}:3", f"{source}:5"]
+
+
+TRAINING_CORE = ("controller", "worker", "domains", "algorithms", "distributed")
+LONGEST_FUNCTION = 45  # lines, decorators and docstring included
+
+
+def test_the_training_cores_functions_stay_short():
+    """A function of the training core that outgrows a screen is split (issue 34's bound: under 45 lines)."""
+    long = []
+    for folder in TRAINING_CORE:
+        for path in sorted((CORE / folder).rglob("*.py")):
+            for node in ast.walk(ast.parse(path.read_text())):
+                if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef):
+                    lines = (
+                        node.end_lineno - (node.decorator_list[0].lineno if node.decorator_list else node.lineno) + 1
+                    )
+                    if lines >= LONGEST_FUNCTION:
+                        long.append(f"{path.relative_to(CORE.parent)}:{node.lineno} {node.name} ({lines} lines)")
+    assert long == [], long

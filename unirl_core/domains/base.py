@@ -23,7 +23,7 @@ the worker group, EMA and checkpoints of the trained module.
         export_config(config)              -> the config an export builds the policy from (default: the recipe's)
 
 A domain outside unirl is a `Domain` subclass named in the recipe as `train.domain.name: package.module:ClassName`,
-with its own settings in `config_class` (the rest of `train.domain`); tests/support/toy_domain.py is one.
+with its own settings in `config_class` (the rest of `train.domain`); the toy token domain in tests/support is one.
 """
 
 from __future__ import annotations
