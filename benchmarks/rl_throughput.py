@@ -157,9 +157,9 @@ def grpo_step(adapter, stack, source, rewards, tracker, config, step: int, meter
     meter.stop("reward", started)
     prepare = stack.prepare
 
-    def timed_prepare(rollout_):  # TrainStack.train recomputes pi_old first: time it apart
+    def timed_prepare(rollout_, *args, **kwargs):  # TrainStack.train recomputes pi_old first: time it apart
         began = meter.start()
-        logp_old = prepare(rollout_)
+        logp_old = prepare(rollout_, *args, **kwargs)
         meter.stop("pi_old", began)
         return logp_old
 
