@@ -51,9 +51,20 @@ def target_constraints(have: dict[str, str], folder: Path) -> Path:
     return path
 
 
+def platform_tags(platform: str) -> list[str]:
+    """`platform` and the older manylinux tags a machine of it also runs (pip matches an explicit `--platform`
+    exactly: Ray publishes manylinux2014 wheels, which a manylinux_2_28 machine runs)."""
+    match = re.fullmatch(r"manylinux_2_(\d+)_(\w+)", platform)
+    if not match:
+        return [platform]
+    glibc, arch = int(match[1]), match[2]
+    legacy = [f"manylinux{name}_{arch}" for name in ("2014", "2010", "1")]
+    return [f"manylinux_2_{minor}_{arch}" for minor in range(glibc, 4, -1)] + legacy
+
+
 def target_args(args) -> list[str]:
-    return ["--only-binary=:all:", "--python-version", args.python_version, "--platform", args.platform,
-            "--implementation", "cp"]  # fmt: skip
+    platforms = [arg for tag in platform_tags(args.platform) for arg in ("--platform", tag)]
+    return ["--only-binary=:all:", "--python-version", args.python_version, *platforms, "--implementation", "cp"]
 
 
 def resolve(args, constraints: Path, folder: Path) -> dict[str, str]:
@@ -92,9 +103,9 @@ def main(argv: list[str] | None = None) -> int:
         resolved = resolve(args, target_constraints(have, folder), folder)
     project = canonical("unirl")
     needed = {name: version for name, version in resolved.items() if name not in have and name != project}
-    for name, version in sorted(needed.items()):
-        subprocess.run([sys.executable, "-m", "pip", "download", "--quiet", "--no-deps", *target_args(args),
-                        "-d", str(args.out), f"{name}=={version}"], check=True, env={"PIP_CONSTRAINT": "", **_env()})  # fmt: skip
+    pins = [f"{name}=={version}" for name, version in sorted(needed.items())]
+    subprocess.run([sys.executable, "-m", "pip", "download", "--quiet", "--no-deps", *target_args(args),
+                    "-d", str(args.out), *pins], check=True, env={"PIP_CONSTRAINT": "", **_env()})  # fmt: skip
     subprocess.run([sys.executable, "-m", "pip", "wheel", "--quiet", "--no-deps", "-w", str(args.out), str(ROOT)],
                    check=True)  # fmt: skip
     lines = [f"{name}=={version}" for name, version in sorted(resolved.items()) if name != project]
