@@ -99,6 +99,17 @@ def test_two_raylets_on_this_machine_run_a_spread_group_with_the_forwarded_envir
     assert any(PUBLIC.encode() in data for data in logged.values())  # the search reaches where Ray logs values
 
 
+def test_the_workers_of_a_local_ray_run_at_normal_priority(ray_local):
+    """Ray's default nice 15 lets every other process of a busy node preempt the ranks (round_overhead.py)."""
+    import ray
+
+    @ray.remote(num_cpus=1)
+    def niceness() -> int:
+        return os.nice(0)
+
+    assert ray.get(niceness.remote()) == 0
+
+
 def test_a_local_ray_listens_on_loopback_only(ray_local):
     """The session's local Ray (started by `ray_cluster`): gcs_server, raylet, the agents, the workers and this
     driver listen on 127.0.0.1 alone (Ray would otherwise swap 127.0.0.1 for this machine's address)."""

@@ -5,6 +5,7 @@ this machine alone and shut down when the block ends:
 - every process of it listens on 127.0.0.1 only (gcs_server, raylet, the workers, the dashboard and runtime-env
   agents, the autoscaler's metrics), and there is no dashboard: anyone who reaches a Ray port can run code
   (CVE-2023-48022). A cluster other machines join is started with `ray start` and joined by `train.ray.address`.
+- its workers run at the controller's priority (Ray's default is nice 15);
 - its session folders (logs, sockets, spilled objects) are in the workspace, `$UNIRL_HOME/ray`, unless that path is
   too long for Ray's unix sockets or `RAY_TMPDIR` says otherwise (`session_root`).
 """
@@ -63,6 +64,9 @@ def ray_cluster(
                 # this process owns; its warnings come back once it is up
                 logging_level="ERROR",
                 log_to_driver=False,
+                # the ranks are the round's work: Ray runs workers at nice 15 by default, so on a busy node every
+                # other process (the controller, Prefect, MLflow's sampling) preempts them
+                _system_config={"worker_niceness": 0},
             )
         logging.getLogger("ray").setLevel(logging.WARNING)
         if record:
