@@ -53,8 +53,8 @@ serve: install
 ui-check: install
 	$(BIN)/python tools/ui_check.py $(UI_CHECK_ARGS)
 
-# The GPU acceptance run (tools/gpu_check.py): GPU tests, a CUDA round resumed bitwise, a real-size SD3.5-medium step
-# vs the bare pipeline and `unirl plan`; reports in gpu-check/. Without CUDA every check is skipped and it exits 0.
+# The GPU acceptance run (tools/gpu_check.py): GPU tests, a CUDA round resumed bitwise, real-size SD3.5-medium and
+# FLUX.1-dev steps vs the bare pipeline and `unirl plan`; reports in gpu-check/. Without CUDA every check is skipped and it exits 0.
 GPU_CHECK_ARGS ?=
 gpu-check: install
 	$(BIN)/python tools/gpu_check.py $(GPU_CHECK_ARGS)

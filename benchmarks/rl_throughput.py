@@ -1,4 +1,5 @@
-"""One GRPO step on an SD3.5-medium-shaped transformer vs the bare diffusers pipeline generating the same images.
+"""One GRPO step on an SD3.5-medium-shaped (or, `--model flux1-dev`, a FLUX.1-dev-shaped) transformer vs the bare
+diffusers pipeline generating the same images.
 
     .venv/bin/python benchmarks/rl_throughput.py            # CPU: a scaled-down shape (2 blocks, 128 px, 4 steps)
     .venv/bin/python benchmarks/rl_throughput.py --full     # GPU: the real shape, 512 px, 10 steps, bf16
@@ -106,13 +107,64 @@ def write_pipeline(folder: Path, layers: int | None, size: int, device: str, dty
     return sum(p.numel() for p in transformer.parameters())
 
 
+def write_flux_pipeline(folder: Path, layers: int | None, size: int, device: str, dtype: torch.dtype) -> int:
+    """A FLUX.1-dev pipeline folder: the published transformer (19 double + 38 single blocks x 3072 wide, 11.9 B
+    parameters, guidance-embedded; `layers` cuts both stacks), tiny text encoders with the real widths (CLIP pooled
+    768, T5 4096), a tiny 16-channel VAE with FLUX's 8x downsampling. Returns the transformer's parameter count."""
+    from diffusers import AutoencoderKL, FlowMatchEulerDiscreteScheduler, FluxPipeline, FluxTransformer2DModel
+    from transformers import ByT5Tokenizer, CLIPTextConfig, CLIPTextModel, T5Config, T5EncoderModel
+
+    from unirl_core.models.families.flux.tiny import DEV_SCHEDULER
+    from unirl_core.models.registry import family_class
+    from unirl_core.models.tiny import CLIP_MAX_LENGTH, byte_level_clip_tokenizer
+
+    config = dict(family_class("flux").denoiser_configs["flux1-dev"])
+    if layers is not None:
+        config |= {"num_layers": layers, "num_single_layers": layers}
+    torch.manual_seed(0)
+    with torch.device(device):
+        transformer = FluxTransformer2DModel(**config).to(dtype)
+    clip_tokenizer = byte_level_clip_tokenizer()
+    clip = CLIPTextModel(CLIPTextConfig(
+        vocab_size=len(clip_tokenizer), hidden_size=768, intermediate_size=37, num_hidden_layers=1,
+        num_attention_heads=4, max_position_embeddings=CLIP_MAX_LENGTH, bos_token_id=0, eos_token_id=1,
+        pad_token_id=1))  # fmt: skip
+    t5_tokenizer = ByT5Tokenizer(model_max_length=512)
+    t5 = T5EncoderModel(T5Config(vocab_size=len(t5_tokenizer), d_model=4096, d_kv=8, d_ff=64, num_layers=1,
+                                 num_heads=4, relative_attention_num_buckets=8, decoder_start_token_id=0))  # fmt: skip
+    vae = AutoencoderKL(
+        down_block_types=["DownEncoderBlock2D"] * 4, up_block_types=["UpDecoderBlock2D"] * 4,
+        block_out_channels=[8, 8, 16, 16], layers_per_block=1, latent_channels=16, norm_num_groups=4,
+        scaling_factor=0.3611, shift_factor=0.1159, use_quant_conv=False, use_post_quant_conv=False,
+    )  # fmt: skip
+    pipeline = FluxPipeline(transformer=transformer, scheduler=FlowMatchEulerDiscreteScheduler(**DEV_SCHEDULER),
+                            vae=vae, text_encoder=clip, tokenizer=clip_tokenizer, text_encoder_2=t5,
+                            tokenizer_2=t5_tokenizer)  # fmt: skip
+    pipeline.save_pretrained(folder, safe_serialization=True)
+    return sum(p.numel() for p in transformer.parameters())
+
+
+def lora_targets(model: str) -> list[str]:
+    """Flow-GRPO's LoRA targets of the model's family (SD3's in this file; the family class's `lora_targets`)."""
+    from unirl_core.models.registry import family_class
+
+    family, _, targets, *_ = MODELS[model]
+    return list(targets or family_class(family).lora_targets)
+
+
+MODELS = {  # --model: (family, pipeline writer, LoRA targets, guidance_scale, blocks at full depth)
+    "sd3.5-medium": ("sd3", write_pipeline, LORA_TARGETS, 4.5, "24 blocks x 1536"),
+    "flux1-dev": ("flux", write_flux_pipeline, None, 3.5, "19 double + 38 single blocks x 3072"),
+}
+
+
 def recipe(path: str, args) -> object:
     return recipe_from_tree({"train": {
         "data": {"source": "smoke", "prompts_per_rollout": args.prompts},
         "sampling": {"samples_per_prompt": args.group, "num_inference_steps": args.inference_steps,
-                     "guidance_scale": 4.5, "height": args.size, "width": args.size},
-        "model": {"family": "sd3", "path": path, "dtype": args.dtype,
-                  "lora": {"rank": 32, "alpha": 64, "target_modules": LORA_TARGETS}},
+                     "guidance_scale": MODELS[args.model][3], "height": args.size, "width": args.size},
+        "model": {"family": MODELS[args.model][0], "path": path, "dtype": args.dtype,
+                  "lora": {"rank": 32, "alpha": 64, "target_modules": lora_targets(args.model)}},
         "algorithm": {"eta": 0.7, "timestep_fraction": 0.99, "learning_rate": 3e-4, "std_mode": "batch",
                       "num_updates_per_batch": 2, "micro_batch_size": args.micro_batch},
         "steps": args.steps + 1,
@@ -213,7 +265,8 @@ def measure(path: str, args) -> tuple[dict, dict, int]:
 def report(seconds: dict, peaks: dict, images: int, args) -> None:
     step = sum(seconds[k] for k in PHASES)
     memory = "peak allocated GiB" if args.device.startswith("cuda") else "peak RSS GiB (process, so far)"
-    print(f"\n{images} images a step, {args.size} px, {args.inference_steps} steps, CFG 4.5, LoRA r32, {args.dtype}, "
+    print(f"\n{images} images a step, {args.size} px, {args.inference_steps} steps, guidance {MODELS[args.model][3]}, LoRA r32, "
+          f"{args.dtype}, "
           f"{args.device}, torch threads {torch.get_num_threads()}, deterministic {args.deterministic}")  # fmt: skip
     print(f"{'phase':<16} {'s':>8} {'share':>6} {'img/s':>7} {memory:>28}")
     for name in PHASES:  # images/s of the rollout alone: the other phases make no images
@@ -235,6 +288,7 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=None, help="counted steps after the warm-up (default 2)")
     parser.add_argument("--deterministic", action="store_true", help="train.deterministic's settings (their cost)")
     parser.add_argument("--json", type=Path, default=None, help="also write the figures to this file (gpu_check)")
+    parser.add_argument("--model", default="sd3.5-medium", choices=sorted(MODELS), help="the transformer's shape")
     args = parser.parse_args()
     apply_determinism(args.deterministic)  # before the first cuBLAS call, as at a rank's setup
     full = args.full
@@ -256,9 +310,10 @@ def main() -> None:
     huggingface_hub.utils.disable_progress_bars()
     with tempfile.TemporaryDirectory() as tmp:
         started = time.perf_counter()
-        params = write_pipeline(Path(tmp), args.layers, args.size, args.device, getattr(torch, args.dtype))
-        depth = args.layers or 24
-        print(f"SD3.5-medium-shaped transformer: {depth} blocks x 1536, {params / 1e6:.0f} M parameters "
+        _, writer, _, _, blocks = MODELS[args.model]
+        params = writer(Path(tmp), args.layers, args.size, args.device, getattr(torch, args.dtype))
+        depth = f"{args.layers} blocks (of {blocks})" if args.layers else blocks
+        print(f"{args.model}-shaped transformer: {depth}, {params / 1e6:.0f} M parameters "
               f"(built and saved in {time.perf_counter() - started:.0f} s)", flush=True)  # fmt: skip
         seconds, peaks, images = measure(tmp, args)
     report(seconds, peaks, images, args)
@@ -270,7 +325,10 @@ def main() -> None:
             "size": args.size,
             "dtype": args.dtype,
             "micro_batch": args.micro_batch,
-            "lora_targets": LORA_TARGETS,
+            "lora_targets": lora_targets(args.model),
+            "model": args.model,
+            "family": MODELS[args.model][0],
+            "guidance_scale": MODELS[args.model][3],
         }
         step = sum(seconds[k] for k in PHASES)
         args.json.write_text(json.dumps({
