@@ -67,16 +67,34 @@ def transformer_config(layers: int | None, size: int) -> dict:
     return config
 
 
+def wide_t5(vocab_size: int):
+    """A one-layer T5 encoder giving the real T5-XXL conditioning width (4096)."""
+    from transformers import T5Config, T5EncoderModel
+
+    return T5EncoderModel(T5Config(vocab_size=vocab_size, d_model=4096, d_kv=8, d_ff=64, num_layers=1, num_heads=4,
+                                   relative_attention_num_buckets=8, decoder_start_token_id=0))  # fmt: skip
+
+
+def vae16(scaling_factor: float, shift_factor: float):
+    """A tiny 16-channel VAE with the real 8x downsampling and the family's latent scaling and shift."""
+    from diffusers import AutoencoderKL
+
+    return AutoencoderKL(
+        down_block_types=["DownEncoderBlock2D"] * 4, up_block_types=["UpDecoderBlock2D"] * 4,
+        block_out_channels=[8, 8, 16, 16], layers_per_block=1, latent_channels=16, norm_num_groups=4,
+        scaling_factor=scaling_factor, shift_factor=shift_factor, use_quant_conv=False, use_post_quant_conv=False,
+    )  # fmt: skip
+
+
 def write_pipeline(folder: Path, layers: int | None, size: int, device: str, dtype: torch.dtype) -> int:
     """An SD3 pipeline folder: the SD3.5-medium-shaped transformer (random weights, saved in `dtype`), tiny text
     encoders with the real conditioning widths, a tiny 16-channel VAE. Returns the transformer's parameter count."""
     from diffusers import (
-        AutoencoderKL,
         FlowMatchEulerDiscreteScheduler,
         SD3Transformer2DModel,
         StableDiffusion3Pipeline,
     )
-    from transformers import ByT5Tokenizer, CLIPTextConfig, CLIPTextModelWithProjection, T5Config, T5EncoderModel
+    from transformers import ByT5Tokenizer, CLIPTextConfig, CLIPTextModelWithProjection
 
     from unirl_core.models.tiny import CLIP_MAX_LENGTH, byte_level_clip_tokenizer
 
@@ -91,13 +109,7 @@ def write_pipeline(folder: Path, layers: int | None, size: int, device: str, dty
             num_attention_heads=4, max_position_embeddings=CLIP_MAX_LENGTH, projection_dim=projection_dim,
             bos_token_id=0, eos_token_id=1, pad_token_id=1))  # fmt: skip
 
-    t5 = T5EncoderModel(T5Config(vocab_size=len(t5_tokenizer), d_model=4096, d_kv=8, d_ff=64, num_layers=1,
-                                 num_heads=4, relative_attention_num_buckets=8, decoder_start_token_id=0))  # fmt: skip
-    vae = AutoencoderKL(
-        down_block_types=["DownEncoderBlock2D"] * 4, up_block_types=["UpDecoderBlock2D"] * 4,
-        block_out_channels=[8, 8, 16, 16], layers_per_block=1, latent_channels=16, norm_num_groups=4,
-        scaling_factor=1.5305, shift_factor=0.0609, use_quant_conv=False, use_post_quant_conv=False,
-    )  # fmt: skip
+    t5, vae = wide_t5(len(t5_tokenizer)), vae16(scaling_factor=1.5305, shift_factor=0.0609)
     pipeline = StableDiffusion3Pipeline(
         transformer=transformer, scheduler=FlowMatchEulerDiscreteScheduler(shift=3.0), vae=vae,
         text_encoder=clip(768), tokenizer=clip_tokenizer, text_encoder_2=clip(1280),
@@ -111,8 +123,8 @@ def write_flux_pipeline(folder: Path, layers: int | None, size: int, device: str
     """A FLUX.1-dev pipeline folder: the published transformer (19 double + 38 single blocks x 3072 wide, 11.9 B
     parameters, guidance-embedded; `layers` cuts both stacks), tiny text encoders with the real widths (CLIP pooled
     768, T5 4096), a tiny 16-channel VAE with FLUX's 8x downsampling. Returns the transformer's parameter count."""
-    from diffusers import AutoencoderKL, FlowMatchEulerDiscreteScheduler, FluxPipeline, FluxTransformer2DModel
-    from transformers import ByT5Tokenizer, CLIPTextConfig, CLIPTextModel, T5Config, T5EncoderModel
+    from diffusers import FlowMatchEulerDiscreteScheduler, FluxPipeline, FluxTransformer2DModel
+    from transformers import ByT5Tokenizer, CLIPTextConfig, CLIPTextModel
 
     from unirl_core.models.families.flux.tiny import DEV_SCHEDULER
     from unirl_core.models.registry import family_class
@@ -130,13 +142,7 @@ def write_flux_pipeline(folder: Path, layers: int | None, size: int, device: str
         num_attention_heads=4, max_position_embeddings=CLIP_MAX_LENGTH, bos_token_id=0, eos_token_id=1,
         pad_token_id=1))  # fmt: skip
     t5_tokenizer = ByT5Tokenizer(model_max_length=512)
-    t5 = T5EncoderModel(T5Config(vocab_size=len(t5_tokenizer), d_model=4096, d_kv=8, d_ff=64, num_layers=1,
-                                 num_heads=4, relative_attention_num_buckets=8, decoder_start_token_id=0))  # fmt: skip
-    vae = AutoencoderKL(
-        down_block_types=["DownEncoderBlock2D"] * 4, up_block_types=["UpDecoderBlock2D"] * 4,
-        block_out_channels=[8, 8, 16, 16], layers_per_block=1, latent_channels=16, norm_num_groups=4,
-        scaling_factor=0.3611, shift_factor=0.1159, use_quant_conv=False, use_post_quant_conv=False,
-    )  # fmt: skip
+    t5, vae = wide_t5(len(t5_tokenizer)), vae16(scaling_factor=0.3611, shift_factor=0.1159)
     pipeline = FluxPipeline(transformer=transformer, scheduler=FlowMatchEulerDiscreteScheduler(**DEV_SCHEDULER),
                             vae=vae, text_encoder=clip, tokenizer=clip_tokenizer, text_encoder_2=t5,
                             tokenizer_2=t5_tokenizer)  # fmt: skip

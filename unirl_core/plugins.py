@@ -22,3 +22,16 @@ def load_class(target: str, base: type, what: str, error: type[Exception]) -> ty
     if not (isinstance(cls, type) and issubclass(cls, base)):
         raise error(f"{what} is not a subclass of {base.__module__}.{base.__qualname__}")
     return cls
+
+
+def named_class(name: str, built_in: dict[str, str], base: type, kind: str, error: type[Exception]) -> type:
+    """The `base` subclass a recipe's `name` means: a built-in (`built_in`: name -> "module:Class") or any importable
+    "package.module:ClassName"; `kind` ("algorithm", "domain") names it in the `error` raised otherwise."""
+    target = built_in.get(name) or (name if ":" in name else None)
+    if target is None:
+        article = "an" if base.__name__[0] in "AEIOU" else "a"
+        raise error(
+            f"{kind} {name!r} is unknown: choose one of {', '.join(built_in)}, or name {article} {base.__name__} "
+            "subclass as 'package.module:ClassName'"
+        )
+    return load_class(target, base, f"{kind} {name!r}", error)

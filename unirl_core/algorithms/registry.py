@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from unirl_core.algorithms.base import Algorithm
 from unirl_core.algorithms.config import AlgorithmConfig
-from unirl_core.plugins import load_class
+from unirl_core.plugins import named_class
 
 BUILT_IN = {
     "grpo": "unirl_core.algorithms.grpo:GRPO",
@@ -33,13 +33,7 @@ class UnknownAlgorithmError(ValueError):
 
 
 def algorithm_class(name: str) -> type[Algorithm]:
-    target = BUILT_IN.get(name) or (name if ":" in name else None)
-    if target is None:
-        raise UnknownAlgorithmError(
-            f"algorithm {name!r} is unknown: choose one of {', '.join(BUILT_IN)}, or name an Algorithm subclass as "
-            "'package.module:ClassName'"
-        )
-    return load_class(target, Algorithm, f"algorithm {name!r}", UnknownAlgorithmError)
+    return named_class(name, BUILT_IN, Algorithm, "algorithm", UnknownAlgorithmError)
 
 
 def builtin_configs() -> dict[str, type[AlgorithmConfig]]:

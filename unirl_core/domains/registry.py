@@ -8,7 +8,7 @@ domain_config({"name": ..., ...})       -> its validated config (the class's `co
 from __future__ import annotations
 
 from unirl_core.domains.base import Domain, DomainConfig
-from unirl_core.plugins import load_class
+from unirl_core.plugins import named_class
 
 BUILT_IN = {"diffusion": "unirl_core.domains.diffusion.domain:DiffusionDomain"}
 
@@ -18,13 +18,7 @@ class UnknownDomainError(ValueError):
 
 
 def domain_class(name: str) -> type[Domain]:
-    target = BUILT_IN.get(name) or (name if ":" in name else None)
-    if target is None:
-        raise UnknownDomainError(
-            f"domain {name!r} is unknown: choose one of {', '.join(BUILT_IN)}, or name a Domain subclass as "
-            "'package.module:ClassName'"
-        )
-    return load_class(target, Domain, f"domain {name!r}", UnknownDomainError)
+    return named_class(name, BUILT_IN, Domain, "domain", UnknownDomainError)
 
 
 def domain_config(data: dict | DomainConfig | None = None) -> DomainConfig:
