@@ -9,6 +9,7 @@ Each check runs in its own process with its own time limit, in this order, while
   local_resume     `unirl train demo --local --device cuda`: 4 steps in one round vs the same 4 steps as 2 rounds of 2
                    (the second resumes from the first's checkpoint on the GPU): metrics and exported weights equal
                    bitwise; the one-rank FSDP2 round through the same controller and worker code as on CPU
+  deterministic    the same 2 steps twice with `train.deterministic: true`: metrics and weights equal bitwise
   sd35_step        a real-size SD3.5-medium LoRA GRPO step from random weights (`benchmarks/rl_throughput.py --full`,
                    bf16, 512 px, 10 steps, 16 images): images/s, the phase split, rollout vs the bare diffusers
                    pipeline, and peak memory per phase vs `unirl plan`'s estimate of the same shape (goal +-20 %)
@@ -77,24 +78,37 @@ def check_gpu_tests(timeout: float) -> tuple[bool, dict, str]:
 
 
 def check_local_resume(timeout: float) -> tuple[bool, dict, str]:
-    figures: dict = {}
+    runs = {"one_round": [], "two_rounds": ["--set", "train.steps_per_round=2"]}
+    return compare_runs(runs, ["--set", "train.steps=4"], timeout, "the run resumed from a checkpoint")
+
+
+def check_deterministic(timeout: float) -> tuple[bool, dict, str]:
+    runs = {"first": [], "second": []}
+    return compare_runs(runs, ["--set", "train.steps=2", "--set", "train.deterministic=true"], timeout, "a repeat")
+
+
+def compare_runs(runs: dict[str, list[str]], common: list[str], timeout: float, what: str) -> tuple[bool, dict, str]:
+    """`unirl train demo --local --device cuda` once per entry of `runs` (its own arguments after `common`), each in
+    its own output folder: their metrics (timings and round index left out) and exported adapters must be equal."""
     with tempfile.TemporaryDirectory() as tmp:
         env = {"UNIRL_HOME": f"{tmp}/home", "MLFLOW_TRACKING_URI": f"sqlite:///{tmp}/mlflow.db"}
-        runs = {"one_round": [], "two_rounds": ["--set", "train.steps_per_round=2"]}
         started = time.monotonic()
         for name, extra in runs.items():
-            args = ["train", "demo", "--local", "--device", "cuda", "--set", "train.steps=4",
-                    "--set", f"train.output_dir={tmp}/{name}", *extra]  # fmt: skip
+            args = ["train", "demo", "--local", "--device", "cuda", *common, "--set", f"train.output_dir={tmp}/{name}",
+                    *extra]  # fmt: skip
             code, out = run(unirl(*args), timeout - (time.monotonic() - started), env)
             if code != 0:
-                return False, figures, f"{name}: exit {code}\n{tail(out)}"
+                return False, {}, f"{name}: exit {code}\n{tail(out)}"
         rows = {name: _rows(Path(tmp) / name / "metrics.jsonl") for name in runs}
         weights = {name: _adapter_digest(Path(tmp) / name / "export") for name in runs}
-        figures = {"steps": len(rows["one_round"]), "reward_mean": [r["reward_mean"] for r in rows["one_round"]]}
-        if rows["one_round"] != rows["two_rounds"]:
-            return False, figures, "the resumed run's metrics differ from the uninterrupted run's"
-        if weights["one_round"] != weights["two_rounds"]:
-            return False, figures, "the resumed run's exported adapter differs from the uninterrupted run's"
+    first, *others = runs
+    figures = {"steps": len(rows[first]), "reward_mean": [r["reward_mean"] for r in rows[first]],
+               "grad_norm": [r["grad_norm"] for r in rows[first]]}  # fmt: skip
+    for name in others:
+        if rows[name] != rows[first]:
+            return False, figures, f"{what} ({name}): metrics differ from {first}'s"
+        if weights[name] != weights[first]:
+            return False, figures, f"{what} ({name}): the exported adapter differs from {first}'s"
     return True, figures, ""
 
 
@@ -174,8 +188,9 @@ def check_flux_step(timeout: float) -> tuple[bool, dict, str]:
 
 
 CHECKS = {  # name -> (check, its share of the budget)
-    "gpu_tests": (check_gpu_tests, 0.2),
-    "local_resume": (check_local_resume, 0.2),
+    "gpu_tests": (check_gpu_tests, 0.15),
+    "local_resume": (check_local_resume, 0.15),
+    "deterministic": (check_deterministic, 0.1),
     "sd35_step": (check_sd35_step, 0.3),
     "flux_step": (check_flux_step, 0.3),
 }

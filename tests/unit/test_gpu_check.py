@@ -21,7 +21,13 @@ def test_without_cuda_every_check_is_skipped_with_its_reason_and_it_exits_0(tmp_
     assert done.returncode == 0, done.stdout + done.stderr
     report = json.loads((tmp_path / "gpu_check.json").read_text())
     assert report["device"] is None
-    assert [c["name"] for c in report["checks"]] == ["gpu_tests", "local_resume", "sd35_step", "flux_step"]
+    assert [c["name"] for c in report["checks"]] == [
+        "gpu_tests",
+        "local_resume",
+        "deterministic",
+        "sd35_step",
+        "flux_step",
+    ]
     assert all(c["status"] == "skip" and "no CUDA device" in c["reason"] for c in report["checks"])
     assert "| sd35_step | skip |" in (tmp_path / "gpu_check.md").read_text()
 
