@@ -53,7 +53,7 @@ serve: install
 ui-check: install
 	$(BIN)/python tools/ui_check.py $(UI_CHECK_ARGS)
 
-# The GPU acceptance run (tools/gpu_check.py): GPU tests, a CUDA round resumed bitwise, real-size SD3.5-medium and
+# The GPU acceptance run (tools/gpu_check.py): GPU tests, a CUDA round resumed and repeated bitwise, SD3.5-medium and
 # FLUX.1-dev steps vs the bare pipeline and `unirl plan`; reports in gpu-check/. Without CUDA every check is skipped and it exits 0.
 GPU_CHECK_ARGS ?=
 gpu-check: install
