@@ -36,12 +36,13 @@ def test_prefect_flow_maps_a_task_over_prompt_files(prefect_harness, tmp_path):
         deadline = time.monotonic() + 120  # the server records task states from events, retried when sqlite is busy
         while True:
             task_runs = client.read_task_runs(flow_run_filter=FlowRunFilter(id=FlowRunFilterId(any_=[flow_run_id])))
-            if len(task_runs) == 3 and all(t.state.is_completed() for t in task_runs) or time.monotonic() > deadline:
+            done = len(task_runs) == 3 and all(t.state is not None and t.state.is_completed() for t in task_runs)
+            if done or time.monotonic() > deadline:
                 break
             time.sleep(0.5)
         artifacts = client.read_latest_artifacts()
     assert sorted(t.name for t in task_runs) == sorted(f"check {p}" for p in (good, also_good, bad))
-    assert all(t.state.is_completed() for t in task_runs)
+    assert all(t.state is not None and t.state.is_completed() for t in task_runs)
     assert any(a.key == "prompt-file-check" for a in artifacts)
 
 
