@@ -1,6 +1,7 @@
 """GRPO-Guard (arXiv 2510.22319; flow_grpo's config/grpo_guard.py): PPO-clip on RatioNorm-ed per-step ratios, each
 step's loss divided by |dt| (the gradient reweighting), clip 2e-6, Flow-GRPO's full-SDE sampler with int(0.99 n)
-trained steps. RatioNorm reads pi_old's step means (`losses.ratio_norm_loss`).
+trained steps. RatioNorm reads pi_old's step means (`losses.ratio_norm_loss`); checked against flow_grpo's
+`scripts/train_sd3_GRPO_Guard.py` (zhtmike/flow_grpo 2e2f712).
 """
 
 from __future__ import annotations
@@ -30,10 +31,16 @@ class GRPOGuardConfig(GRPOConfig):
     untrained_steps: Literal["ode", "sde"] = "sde"
     """GRPO-Guard: Flow-GRPO's full-SDE sampler."""
 
+    ratio_norm_bias: Literal["batch", "sample"] = "batch"
+    """RatioNorm's bias mean(dmu^2) / (2 s^2): `batch` (the reference: one per denoising step over the micro-batch)
+    or `sample` (per sample: a sample's normalized ratio then depends on its own move only, not on the micro-batch
+    it shares; use it to compare runs with different micro-batch sizes)."""
+
 
 class GRPOGuard(PolicyGradient):
     config_class = GRPOGuardConfig
     needs_old_means = True
 
     def policy_loss(self, result, logp_old_B, mean_old, advantages_B):
-        return ratio_norm_loss(result, logp_old_B, mean_old, advantages_B, self.config.clip_range)
+        config = self.config
+        return ratio_norm_loss(result, logp_old_B, mean_old, advantages_B, config.clip_range, config.ratio_norm_bias)

@@ -47,14 +47,19 @@ def _mean_over_elements(x: torch.Tensor) -> torch.Tensor:
     return x.mean(dim=tuple(range(1, x.ndim)))
 
 
-def ratio_norm_loss(result, logp_old_B, mean_old, advantages_B, clip_range: float):
+def ratio_norm_loss(result, logp_old_B, mean_old, advantages_B, clip_range: float, bias: str = "batch"):
     """GRPO-Guard (arXiv 2510.22319, flow_grpo's `rationorm`): with s the step's std and dmu = mean - mean_old,
-        log r = (logp - logp_old + mean(dmu^2) / (2 s^2)) s = mean(eps dmu),  eps = (x_next - mean_old) / s
-    (the -|dmu|^2 / (2 s^2) bias that drags E[log r] below 0 cancels; the scale no longer depends on s), then the
-    PPO-clip terms, each step's divided by |dt| (the gradient reweighting; 1 on DDIM steps, which have no dt)."""
+        log r = (logp - logp_old + b) s,   b = mean(dmu^2) / (2 s^2)
+    then the PPO-clip terms, each step's divided by |dt| (the gradient reweighting; 1 on DDIM steps, which have no
+    dt). `bias`: `batch` (the reference, `train_sd3_GRPO_Guard.py`: one b per denoising step, the mean over the
+    micro-batch's samples and latent elements, so the samples' gradients couple through it) or `sample` (each
+    sample's own b: its log r is exactly mean(eps dmu), eps = (x_next - mean_old) / s, whatever else is in the
+    micro-batch)."""
     std = result.std.float()
-    bias = _mean_over_elements((result.mean - mean_old) ** 2) / (2 * std**2)
-    log_ratio = (result.log_prob.float() - logp_old_B.float() + bias) * std
+    bias_B = _mean_over_elements((result.mean - mean_old) ** 2) / (2 * std**2)
+    if bias == "batch":
+        bias_B = bias_B.mean().expand_as(bias_B)
+    log_ratio = (result.log_prob.float() - logp_old_B.float() + bias_B) * std
     ratio = torch.exp(log_ratio)
     terms = torch.maximum(-advantages_B * ratio, -advantages_B * torch.clamp(ratio, 1 - clip_range, 1 + clip_range))
     if result.dt is not None:

@@ -230,9 +230,9 @@ def test_grpo_loss_and_kl_forms_match_flow_grpos_numbers():
 
 
 def test_ratio_norm_is_the_noise_projection_of_the_mean_shift_and_reweights_by_dt():
-    """GRPO-Guard: log r = mean(eps (mu - mu_old)), eps = (x_next - mu_old) / s; the loss divided by |dt|."""
+    """GRPO-Guard with `ratio_norm_bias: sample`: log r = mean(eps (mu - mu_old)), eps = (x_next - mu_old) / s; the loss divided by |dt|."""
     old, new, x_next = transitions(sigma_max=SIGMA_MAX)
-    terms, metrics = ratio_norm_loss(new, old.log_prob, old.mean, A, 2e-6)
+    terms, metrics = ratio_norm_loss(new, old.log_prob, old.mean, A, 2e-6, bias="sample")
     eps = (x_next - old.mean) / old.std
     log_ratio = (eps * (new.mean - old.mean)).mean(dim=1)
     assert torch.allclose(torch.tensor([metrics["ratio_min"], metrics["ratio_max"]]).double(),
@@ -241,6 +241,29 @@ def test_ratio_norm_is_the_noise_projection_of_the_mean_shift_and_reweights_by_d
     assert math.isclose(terms.mean().item(), -2.99991593379, rel_tol=2e-3)  # flow_grpo's, through rounded sigmas
     by_hand = torch.maximum(-A * log_ratio.exp(), -A * log_ratio.exp().clamp(1 - 2e-6, 1 + 2e-6)) / abs(new.dt)
     assert torch.allclose(terms.double(), by_hand.double(), rtol=1e-5)
+
+
+@pytest.mark.parametrize(
+    ("bias", "log_ratio", "clipped"),
+    [("batch", [0.025, -0.01], 2), ("sample", [0.005, 0.01], 1)],  # by hand below
+)
+def test_ratio_norm_bias_is_one_per_step_over_the_micro_batch_as_flow_grpos_guard(bias, log_ratio, clipped):
+    """flow_grpo's train_sd3_GRPO_Guard.py averages mean(dmu^2) / (2 s^2) over the whole micro-batch (`dim=()` on a
+    1-D log-prob): s = 0.5, dmu = [0.1, 0.1] and [0.3, -0.1] give 0.02 and 0.1 per sample, 0.06 for the batch;
+    logp - logp_old = [-0.01, -0.08]; log r = (logp - logp_old + b) s: batch [0.025, -0.01], sample [0.005, 0.01]."""
+    mean_new = torch.tensor([[0.1, 0.1], [0.3, -0.1]], requires_grad=True)
+    result = type("R", (), {"log_prob": torch.tensor([-0.01, -0.08]), "mean": mean_new, "std": torch.tensor(0.5),
+                            "dt": -0.1})()  # fmt: skip
+    advantages = torch.tensor([1.0, 1.0])
+    terms, metrics = ratio_norm_loss(result, torch.zeros(2), torch.zeros(2, 2), advantages, 0.008, bias=bias)
+    ratio = torch.tensor(log_ratio).exp()
+    assert torch.allclose(torch.tensor([metrics["ratio_min"], metrics["ratio_max"]]), ratio.sort().values, rtol=1e-6)
+    assert metrics["clip_fraction"].item() == clipped / 2
+    by_hand = torch.maximum(-advantages * ratio, -advantages * ratio.clamp(1 - 0.008, 1 + 0.008)) / 0.1
+    assert torch.allclose(terms.detach(), by_hand, rtol=1e-6)
+    unclipped, _ = ratio_norm_loss(result, torch.zeros(2), torch.zeros(2, 2), advantages, 1.0, bias=bias)
+    (grad,) = torch.autograd.grad(unclipped[0], mean_new)
+    assert (grad[1].abs().sum().item() > 0) == (bias == "batch")  # sample 0's term moves with sample 1's mean
 
 
 def test_divergence_mask_drops_only_high_kl_moves_along_the_advantage():
