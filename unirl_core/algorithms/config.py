@@ -24,8 +24,9 @@ class SDEWindowConfig(StrictModel):
     start: Annotated[Count, Field(ge=0)] = 0
     """First denoising step a window may cover."""
 
-    end: Annotated[Count, Field(ge=1)] | None = None
-    """Windows end at or before this step (exclusive); empty: the last denoising step."""
+    end: int | None = None
+    """Windows end at or before this step (exclusive); negative: counted back from the last step a window may
+    cover, as in a Python slice (MixGRPO's -1: its `max_timesteps = n - 2`); empty: the last denoising step."""
 
     end_fraction: Annotated[float, Field(gt=0, le=1)] | None = None
     """Instead of `end`: windows end by int(n x end_fraction) of the n denoising steps (FlowDPPO's first half)."""
@@ -43,10 +44,17 @@ class SDEWindowConfig(StrictModel):
     stride: Annotated[Count, Field(ge=1)] = 1
     """`sliding`: denoising steps moved per shift."""
 
+    tail: Literal["shrink", "full"] = "shrink"
+    """`sliding`: `shrink` (MixGRPO's code): the window moves on to `end` itself, its last positions cut at `end`
+    (4, 3, 2, 1 steps, then an empty window: those RL steps roll out and train nothing), then restarts. `full`: it
+    restarts after the last position where it fits whole, so every RL step trains `size` steps (use it when the
+    rollouts of the tail's RL steps are too dear to spend on fewer or no trained steps)."""
+
     post_compress: Annotated[float, Field(gt=0, lt=1)] | None = None
     """MixGRPO-Flash's `dpm_post_compress_ratio`: the k ODE steps after the window run as
     max(int((k + 1) x ratio) - 1, 1) steps over evenly spaced grid points (25 steps, window 0-3, 0.4: 7 instead of
     21), fewer forwards per rollout; pair it with `ode_solver: dpm2m`. Empty: every grid step runs."""
+
 
 
 class AlgorithmConfig(StrictModel):

@@ -19,8 +19,9 @@ class MixGRPOConfig(GRPOConfig):
     name: Literal["mixgrpo"] = "mixgrpo"  # type: ignore[assignment]
     """GRPO on a sliding 4-step window (moves every 25 RL steps), shared group noise."""
 
-    sde_window: SDEWindowConfig | None = SDEWindowConfig(mode="sliding", size=4, shift_every=25, stride=1)
-    """MixGRPO's window: 4 steps, 1 step further every 25 RL steps (a partial window in the recipe merges in)."""
+    sde_window: SDEWindowConfig | None = SDEWindowConfig(mode="sliding", size=4, shift_every=25, stride=1, end=-1)
+    """MixGRPO's window: 4 steps, 1 step further every 25 RL steps, cut at n - 2 (its `max_timesteps`; 25 steps:
+    positions 0-23, the last windows shrinking) (a partial window in the recipe merges in)."""
 
     exclude_last_step: bool = True
     """MixGRPO: the last denoising step is never in the window."""
@@ -42,7 +43,7 @@ class MixGRPOFlashConfig(MixGRPOConfig):
     """MixGRPO with the ODE steps after the window thinned to 0.4 and run with DPM-Solver++ 2M."""
 
     sde_window: SDEWindowConfig | None = SDEWindowConfig(
-        mode="sliding", size=4, shift_every=20, stride=1, post_compress=0.4
+        mode="sliding", size=4, shift_every=20, stride=1, end=-1, post_compress=0.4
     )
     """MixGRPO-Flash's window: 4 steps moving every 20 RL steps; the ODE after it over 0.4 of its steps."""
 

@@ -71,8 +71,9 @@ class PolicyGradient(Algorithm):
         return loss, info
 
     def summarize(self, metrics: dict[str, list[float]], step: int) -> dict[str, float]:
-        """The step's metric means, the ratio's extremes over every forward."""
+        """The step's metric means, the ratio's extremes over every forward (none when its window was empty)."""
         summary = super().summarize(metrics, step)
-        summary["ratio_min"] = min(metrics["ratio_min"])
-        summary["ratio_max"] = max(metrics["ratio_max"])
+        if "ratio_min" in metrics:
+            summary["ratio_min"] = min(metrics["ratio_min"])
+            summary["ratio_max"] = max(metrics["ratio_max"])
         return summary

@@ -783,9 +783,12 @@ class TrainConfig(StrictModel):
             from unirl_core.domains.diffusion.rollout.step_plan import window_end
 
             end = window_end(self.algorithm, steps)
+            shrinks = window.mode == "sliding" and window.tail == "shrink"  # only its first position must fit
             if end > steps:
                 yield "algorithm.sde_window.end", window.end, f"at most sampling.num_inference_steps={steps}"
-            elif window.start + window.size > end:
+            elif shrinks and window.start >= end:
+                yield "algorithm.sde_window.start", window.start, f"below the windows' end {end} of {steps} steps"
+            elif not shrinks and window.start + window.size > end:
                 yield (
                     "algorithm.sde_window.size",
                     window.size,

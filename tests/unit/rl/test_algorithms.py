@@ -90,13 +90,36 @@ def test_random_timesteps_are_a_subset_per_sample_independent_of_the_batch():
 
 
 def test_sliding_window_moves_every_shift_and_cycles():
-    """MixGRPO's schedule: windows of 2 over 6 candidate steps (the last excluded -> starts 0..3), moving 1 step
-    every 2 RL steps and back to the start."""
-    config = algorithm(name="mixgrpo", sde_window={"size": 2, "shift_every": 2})
+    """`tail: full`: windows of 2 over 6 candidate steps (the last excluded -> starts 0..3... with `end` empty: 0..4),
+    moving 1 step every 2 RL steps and back to the start, always whole."""
+    config = algorithm(name="mixgrpo", sde_window={"size": 2, "shift_every": 2, "tail": "full", "end": None})
     starts = [plan_steps(config, 0, 7, step, 0, ["a"]).sde[0] for step in range(12)]
     assert starts == [0, 0, 1, 1, 2, 2, 3, 3, 4, 4, 0, 0]
     plan = plan_steps(config, 0, 7, 5, 0, ["a"])
     assert plan.sde == [2, 3] and plan.trained_BJ.tolist() == [[0, 1]]
+
+
+# MixGRPO's GRPOTrainingStates (Tencent-Hunyuan/MixGRPO train_grpo_flux.py, 25 steps): max_timesteps = 25 - 2 = 23;
+# at RL step k the window is range(p, min(p + 4, 23)) with p = (k // 25) mod 24 (p moves 1 every 25 steps and rolls
+# back to 0 once past 23); worked by hand: p 0 -> 0-3, 19 -> 19-22, 20 -> 20-22, 22 -> 22, 23 -> nothing, 24 -> 0
+MIXGRPO_WINDOWS = {0: [0, 1, 2, 3], 24: [0, 1, 2, 3], 25: [1, 2, 3, 4], 475: [19, 20, 21, 22], 499: [19, 20, 21, 22],
+                   500: [20, 21, 22], 525: [21, 22], 550: [22], 575: [], 599: [], 600: [0, 1, 2, 3],
+                   700: [4, 5, 6, 7]}  # fmt: skip
+
+
+def test_mixgrpos_window_shrinks_at_n_minus_2_and_restarts_after_24_positions_as_its_code():
+    config = algorithm(name="mixgrpo")
+    windows = {step: plan_steps(config, 0, 25, step, 0, ["a"]).sde for step in range(701)}
+    assert {step: windows[step] for step in MIXGRPO_WINDOWS} == MIXGRPO_WINDOWS
+    by_hand = {k: list(range((k // 25) % 24, min((k // 25) % 24 + 4, 23))) for k in range(701)}
+    assert windows == by_hand
+    assert plan_steps(config, 0, 25, 575, 0, ["a", "b"]).trained_BJ.shape == (2, 0)  # the empty window trains nothing
+    whole = algorithm(name="mixgrpo", sde_window={"tail": "full", "end": None})  # unirl before: always 4 steps, to n-2
+    assert plan_steps(whole, 0, 25, 500, 0, ["a"]).sde == [20, 21, 22, 23]
+    assert all(len(plan_steps(whole, 0, 25, k, 0, ["a"]).sde) == 4 for k in range(0, 701, 25))
+    flash = algorithm(name="mixgrpo_flash")  # moves every 20: the first shrunk window at RL step 400
+    assert plan_steps(flash, 0, 25, 399, 0, ["a"]).sde == [19, 20, 21, 22]
+    assert plan_steps(flash, 0, 25, 400, 0, ["a"]).sde == [20, 21, 22]
 
 
 def test_random_window_is_a_function_of_the_rl_step():
@@ -175,9 +198,13 @@ def test_recipe_keys_win_over_a_preset_and_groups_share_noise_unless_told():
 
 
 def test_a_window_that_does_not_fit_is_refused_with_the_arithmetic():
-    expected = r"sde_window.size: got 4; at most end - start = 3 - 0 = 3 \(the window must fit in steps \[0, 3\) of 4"
+    expected = r"sde_window.size: got 4; at most end - start = 2 - 0 = 2 \(the window must fit in steps \[0, 2\) of 4"
+    algorithm = {"name": "mixgrpo", "sde_window": {"tail": "full"}}
     with pytest.raises(RecipeError, match=expected):
-        recipe_from_tree({"train": {"sampling": {"num_inference_steps": 4}, "algorithm": {"name": "mixgrpo"}}})
+        recipe_from_tree({"train": {"sampling": {"num_inference_steps": 4}, "algorithm": algorithm}})
+    shrinking = {"name": "mixgrpo", "sde_window": {"start": 2}}  # a shrinking window needs a first step before end
+    with pytest.raises(RecipeError, match=r"sde_window.start: got 2; below the windows' end 2 of 4 steps"):
+        recipe_from_tree({"train": {"sampling": {"num_inference_steps": 4}, "algorithm": shrinking}})
 
 
 # --- samplers -----------------------------------------------------------------------------------------------------

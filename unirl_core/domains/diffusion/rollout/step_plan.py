@@ -9,7 +9,8 @@
                  every candidate otherwise; all other steps are ODE steps (eta 0)
 
 Windows (`algorithm.sde_window`) move with the RL step only: `fixed`, `random` (Flow-GRPO-Fast: one draw per RL
-step from (seed, step)), `sliding` (MixGRPO: `stride` steps every `shift_every` RL steps, cycling), `subset`
+step from (seed, step)), `sliding` (MixGRPO: `stride` steps every `shift_every` RL steps, cycling; the last windows shrink as in its code,
+or stay whole with `tail: full`), `subset`
 (FlowDPPO: `size` distinct steps of the range per RL step); `post_compress` thins the ODE steps after the window
 (`compressed_schedule`, MixGRPO-Flash). The plan is a
 pure function of (config, RL step, sample ids), so a resumed run is on the same window as the uninterrupted one.
@@ -43,6 +44,8 @@ def last_candidate(algorithm, num_steps: int) -> int:
 def window_end(algorithm, num_steps: int) -> int:
     """Where SDE windows must end (exclusive): `end`, int(n x `end_fraction`), or the last candidate step."""
     window, limit = algorithm.sde_window, last_candidate(algorithm, num_steps)
+    if window.end is not None and window.end < 0:  # counted back from the last candidate, as in a Python slice
+        return limit + window.end
     if window.end is not None:
         return min(window.end, limit) if window.end <= num_steps else window.end
     if window.end_fraction is not None:
@@ -56,6 +59,8 @@ def window_steps(algorithm, first: int, num_steps: int, step: int, seed: int) ->
     low = max(window.start, first)
     end = window_end(algorithm, num_steps)
     high = end - window.size  # the last allowed start
+    if window.mode == "sliding" and window.tail == "shrink" and end > low:
+        return _shrinking_window(window, low, end, step)
     if high < low:
         raise ValueError(
             f"the SDE window of {window.size} steps does not fit in steps [{low}, {high + window.size}) "
@@ -75,6 +80,15 @@ def window_steps(algorithm, first: int, num_steps: int, step: int, seed: int) ->
     return list(range(begin, begin + window.size))
 
 
+def _shrinking_window(window, low: int, end: int, step: int) -> list[int]:
+    """MixGRPO's progressive window (`GRPOTrainingStates` with `prog_overlap`, `roll_back`): it starts at `low`,
+    moves `stride` steps every `shift_every` RL steps up to and including `end`, cut at `end` (the last windows
+    shrink, down to an empty one at `end`: that RL step trains nothing), then starts again at `low`."""
+    positions = (end - low) // window.stride + 1
+    begin = low + window.stride * ((step // window.shift_every) % positions)
+    return list(range(begin, min(begin + window.size, end)))
+
+
 def trained_count(candidates: int, fraction: float, rounding: str) -> int:
     exact = candidates * fraction
     return max(1, min(candidates, round(exact) if rounding == "round" else math.floor(exact + 1e-9)))
@@ -86,6 +100,8 @@ def plan_steps(algorithm, first: int, num_steps: int, step: int, seed: int, samp
         candidates = list(range(first, last_candidate(algorithm, num_steps)))
     else:
         candidates = window_steps(algorithm, first, num_steps, step, seed)
+    if not candidates and algorithm.sde_window is not None:  # a shrinking window's empty end: nothing to train
+        return StepPlan([], torch.zeros(len(sample_ids), 0, dtype=torch.long))
     if not candidates:
         raise ValueError(f"no denoising step of [{first}, {num_steps}) can be trained: use more steps")
     count = trained_count(len(candidates), algorithm.timestep_fraction, algorithm.step_rounding)
