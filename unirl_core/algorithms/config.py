@@ -52,9 +52,13 @@ class SDEWindowConfig(StrictModel):
 
     post_compress: Annotated[float, Field(gt=0, lt=1)] | None = None
     """MixGRPO-Flash's `dpm_post_compress_ratio`: the k ODE steps after the window run as
-    max(int((k + 1) x ratio) - 1, 1) steps over evenly spaced grid points (25 steps, window 0-3, 0.4: 7 instead of
-    21), fewer forwards per rollout; pair it with `ode_solver: dpm2m`. Empty: every grid step runs."""
+    max(int((k + 1) x ratio) - 1, 1) steps (25 steps, window 0-3, 0.4: 7 instead of 21), fewer forwards per
+    rollout; pair it with `ode_solver: dpm2m`. Empty: every grid step runs."""
 
+    post_spacing: Literal["time", "grid"] = "time"
+    """`post_compress`: where the thinned steps fall. `time` (MixGRPO-Flash's code): evenly spaced in unshifted time
+    after the window, off the scheduler's grid. `grid`: on grid points evenly spaced by index (rounded), so every
+    noise level is one the uncompressed rollout also visits (use it to compare compressed and full rollouts)."""
 
 
 class AlgorithmConfig(StrictModel):

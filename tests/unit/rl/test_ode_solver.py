@@ -103,8 +103,8 @@ def test_dpm2m_keeps_the_steps_before_first_multistep_and_carries_their_history(
 
 def test_post_compress_thins_the_steps_after_the_window_to_mixgrpo_flashs_count():
     """25 steps, window 0-3 (last index 3): int((25 - 3) x 0.4) = 8 points from step 4 to 25, 7 steps of 3; the
-    window's steps and noise levels are kept."""
-    config = algorithm_config({"name": "mixgrpo_flash"})
+    window's steps and noise levels are kept (`post_spacing: grid`: grid points by index)."""
+    config = algorithm_config({"name": "mixgrpo_flash", "sde_window": {"post_spacing": "grid"}})
     assert (
         config.sde_window.post_compress == 0.4 and config.ode_solver == "dpm2m" and config.sde_window.shift_every == 20
     )
@@ -112,11 +112,30 @@ def test_post_compress_thins_the_steps_after_the_window_to_mixgrpo_flashs_count(
     plan = plan_steps(config, 0, 25, step=0, seed=0, sample_ids=["a"])
     assert plan.sde == [0, 1, 2, 3]
     assert compressed_schedule(config, schedule, plan) == [0, 1, 2, 3, 4, 7, 10, 13, 16, 19, 22, 25]
-    half = algorithm_config({"name": "mixgrpo_flash", "sde_window": {"post_compress": 0.2}})
+    half = algorithm_config({"name": "mixgrpo_flash", "sde_window": {"post_compress": 0.2, "post_spacing": "grid"}})
     assert compressed_schedule(half, schedule, plan) == [0, 1, 2, 3, 4, 11, 18, 25]  # int(22 x 0.2) = 4 points
     late = StepPlan([20, 21, 22, 23], plan.trained_BJ)  # one step left: nothing to thin
     assert compressed_schedule(config, schedule, late) == schedule
     assert compressed_schedule(algorithm_config({"name": "mixgrpo"}), schedule, plan) == schedule
+
+
+# MixGRPO-Flash's run_sample_step, worked by hand for 25 steps shifted by 3 (sigma = 3t / (1 + 2t), t = 1 - i / 25)
+# and the window 1-4: post_time_step = 1 - 5/25 = 0.8, int((25 - 4) x 0.4) = 8 points linspace(0.8, 0, 8), shifted
+FLASH_SIGMAS = [0.923077, 0.867470, 0.8, 0.716418, 0.610169, 0.470588, 0.279070, 0.0]
+
+
+def test_post_compress_spaces_the_thinned_steps_evenly_in_time_as_mixgrpo_flash():
+    config = algorithm_config({"name": "mixgrpo_flash"})
+    assert config.sde_window.post_spacing == "time"
+    grid = [3 * (1 - i / 25) / (1 + 2 * (1 - i / 25)) for i in range(26)]
+    plan = StepPlan([1, 2, 3, 4], torch.zeros(1, 4, dtype=torch.long))
+    ours = compressed_schedule(config, grid, plan)
+    assert ours[:5] == grid[:5] and len(ours) == 5 + 8  # 12 steps instead of 25
+    assert ours[5:] == pytest.approx(FLASH_SIGMAS, abs=1e-6)
+    grid_config = algorithm_config({"name": "mixgrpo_flash", "sde_window": {"post_spacing": "grid"}})
+    on_grid = compressed_schedule(grid_config, grid, plan)
+    assert on_grid[5:] == [grid[i] for i in (5, 8, 11, 14, 16, 19, 22, 25)]
+    assert max(abs(a - b) for a, b in zip(ours, on_grid, strict=True)) > 0.01  # off the grid
 
 
 @pytest.mark.parametrize("name", ["diffusion_nft", "mixgrpo_flash"])

@@ -118,16 +118,25 @@ def plan_steps(algorithm, first: int, num_steps: int, step: int, seed: int, samp
 
 def compressed_schedule(algorithm, schedule: list, plan: StepPlan) -> list:
     """`sde_window.post_compress` (MixGRPO-Flash's `dpm_post_compress_ratio`): the k = n - e deterministic steps
-    after the window (e = one past its last step) run as max(int((k + 1) x ratio) - 1, 1) steps between grid points
-    e, ..., n evenly spaced by index (rounded), fewer model forwards for the same start and end. The steps up to e
-    keep the grid, so the window's stored transitions re-evaluate at the same noise levels. Without a window or a
-    ratio, `schedule` as it is."""
+    after the window (e = one past its last step) run as max(int((k + 1) x ratio) - 1, 1) steps, fewer model
+    forwards for the same start and end. `post_spacing: time` (MixGRPO's `run_sample_step`): their noise levels are
+    evenly spaced in unshifted time t from t_e to 0 and shifted, sigma = s t / (1 + (s - 1) t), with t_e = 1 - e / n
+    and the shift s read off the grid at e (so the first one is the grid's sigma_e; exact for schedules shifted
+    from linspace(1, 0, n + 1), as FLUX's and the reference's). `grid`: the grid points e, ..., n evenly spaced by
+    index, rounded. The steps up to e keep the grid, so the window's stored transitions re-evaluate at the same
+    noise levels. Without a window or a ratio, `schedule` as it is."""
     window = algorithm.sde_window
     if window is None or window.post_compress is None or not plan.sde:
         return schedule
     n, end = len(schedule) - 1, max(plan.sde) + 1
-    steps = max(int((n - end + 1) * window.post_compress) - 1, 1)
+    steps = max(int((n - end + 1) * window.post_compress) - 1, 1)  # the reference allows 0: sampling stops at e
     if end >= n or steps >= n - end:
         return schedule
-    points = torch.linspace(end, n, steps + 1).round().long().tolist()
-    return schedule[:end] + [schedule[i] for i in points]
+    if window.post_spacing == "grid":
+        points = torch.linspace(end, n, steps + 1).round().long().tolist()
+        return schedule[:end] + [schedule[i] for i in points]
+    sigma_end, t_end = float(schedule[end]), 1 - end / n
+    shift = sigma_end * (1 - t_end) / (t_end * (1 - sigma_end))
+    times = torch.linspace(t_end, 0, steps + 1, dtype=torch.float64)
+    sigmas = (shift * times / (1 + (shift - 1) * times)).tolist()
+    return schedule[:end] + [sigma_end, *sigmas[1:]]
