@@ -124,18 +124,25 @@ def compute_advantages(
 
 
 def per_reward_advantages(
-    algorithm, prompts: list[str], components: dict[str, list[float]], weights: dict[str, float], group: int
+    algorithm,
+    prompts: list[str],
+    components: dict[str, list[float]],
+    weights: dict[str, float],
+    group: int,
+    mode: str = "per_reward",
 ) -> tuple[torch.Tensor, dict[str, float]]:
-    """GDPO's multi-reward advantages (`reward.normalize: per_reward`):
+    """Multi-reward advantages from each reward normalized within its group (`reward.normalize`):
 
         A_k = normalize_group(r_k)         each reward within its group, by the algorithm's conventions
         S   = sum_k w_k A_k                weighted, summed
-        A   = S / (std(S) + eps), clipped to +-adv_clip      standardized over the batch (S has mean 0: every A_k
-                                                             is centred within its groups)
-
-    A reward whose raw values spread widely (PickScore ~ +-1 vs OCR in [0, 1]) cannot drown the others, and the
-    weights set the rewards' shares of the advantage. A group whose rewards are all equal keeps advantage exactly 0
-    (`drop_zero_advantage` still drops it). `zero_std_ratio` is that of the weighted total."""
+        per_reward (GDPO):       A = S / (std(S) + eps)   standardized over the batch (S has mean 0: every A_k is
+                                                          centred within its groups)
+        advantage_aggr (MixGRPO's `multi_reward_mix`):  A = S / sum_k w_k   the weights normalized to sum to 1,
+                                                          no second normalization
+    then clipped to +-adv_clip. A reward whose raw values spread widely (PickScore ~ +-1 vs OCR in [0, 1]) cannot
+    drown the others, and the weights set the rewards' shares of the advantage. A group whose rewards are all equal
+    keeps advantage exactly 0 (`drop_zero_advantage` still drops it). `zero_std_ratio` is that of the weighted
+    total."""
     conventions = {"eps": algorithm.adv_eps, "clip": None, "ddof": algorithm.std_ddof}
     by_prompt = algorithm.group_by == "prompt"
 
@@ -149,9 +156,11 @@ def per_reward_advantages(
         advantages_k, _ = normalized(torch.tensor(components[name], dtype=torch.float64), std_mode=algorithm.std_mode,
                                      **conventions)  # fmt: skip
         summed += weight * advantages_k.double()
-    advantages = (summed / (summed.std(correction=algorithm.std_ddof) + algorithm.adv_eps)).clamp(
-        -algorithm.adv_clip, algorithm.adv_clip
-    )
+    if mode == "advantage_aggr":
+        advantages = summed / sum(weights.values())
+    else:
+        advantages = summed / (summed.std(correction=algorithm.std_ddof) + algorithm.adv_eps)
+    advantages = advantages.clamp(-algorithm.adv_clip, algorithm.adv_clip)
     total = torch.tensor([sum(weights[k] * components[k][i] for k in weights) for i in range(len(prompts))])
     _, stats = normalized(total, std_mode="group", clip=algorithm.adv_clip)
     return advantages.float(), stats | {

@@ -456,11 +456,13 @@ class RewardConfig(StrictModel):
     remote: dict[str, RemoteScorerConfig] = {}
     """Remote scorers by reward name: each key can be weighted or guarded like a built-in reward."""
 
-    normalize: Literal["total", "per_reward"] = "total"
+    normalize: Literal["total", "per_reward", "advantage_aggr"] = "total"
     """How several weighted rewards become advantages. `total`: normalize the weighted sum within each group
-    (flow_grpo's and DiffusionNFT's multi-reward runs). `per_reward`: normalize each reward within its group,
-    weight and sum those advantages, then standardize the sum over the batch (GDPO), so a reward with a wide raw
-    range cannot drown the others. The algorithm's std_mode, std_ddof, adv_eps and grouping apply to each."""
+    (flow_grpo's and DiffusionNFT's multi-reward runs). `per_reward` (GDPO): normalize each reward within its
+    group, weight and sum those advantages, then standardize the sum over the batch, so a reward with a wide raw
+    range cannot drown the others. `advantage_aggr` (MixGRPO's `multi_reward_mix`, its default for HPS +
+    ImageReward + PickScore): the same weighted sum of per-reward group advantages with the weights normalized to
+    sum to 1, not standardized again. The algorithm's std_mode, std_ddof, adv_eps and grouping apply to each."""
 
     placement: Literal["colocated", "dedicated"] = "colocated"
     """Where the model rewards run. `colocated`: on each training worker's device, next to the policy.
@@ -771,13 +773,15 @@ class TrainConfig(StrictModel):
                 "0 with full fine-tuning (model.lora: null): the KL reference is the model with its LoRA adapter "
                 "disabled, so a KL term needs LoRA",
             )
-        if self.reward.normalize == "per_reward" and self.algorithm.std_mode == "per_prompt":
+        if self.reward.normalize != "total" and self.algorithm.std_mode == "per_prompt":
             yield (
                 "reward.normalize",
-                "per_reward",
+                self.reward.normalize,
                 "total with algorithm.std_mode: per_prompt (the per-prompt tracker remembers one reward per prompt), "
-                "or keep per_reward with std_mode group or batch",
+                f"or keep {self.reward.normalize} with std_mode group or batch",
             )
+        if self.reward.normalize == "advantage_aggr" and sum(self.reward.weights.values()) <= 0:
+            yield "reward.normalize", "advantage_aggr", "total or per_reward: the weights sum to 0 or less"
         window, steps = self.algorithm.sde_window, self.sampling.num_inference_steps
         if window is not None and not algorithm_class(self.algorithm.name).likelihood_free:
             from unirl_core.domains.diffusion.rollout.step_plan import window_end

@@ -96,9 +96,9 @@ class RLRound(RoundStrategy):
                                   [s.sample_id for s in grid], timeout=timeout)  # fmt: skip
         scores = {k: [x for r in results for x in r["rewards"][k]] for k in results[0]["rewards"]}
         prompts = [s.example.prompt for s in samples]
-        if config.reward.normalize == "per_reward":
+        if config.reward.normalize != "total":
             advantages, advantage_stats = per_reward_advantages(
-                config.algorithm, prompts, scores, config.reward.weights, group
+                config.algorithm, prompts, scores, config.reward.weights, group, config.reward.normalize
             )
         else:
             advantages, advantage_stats = compute_advantages(

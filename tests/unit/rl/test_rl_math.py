@@ -218,3 +218,32 @@ def test_per_reward_normalization_weighs_rewards_by_their_weights_not_their_rang
     assert flat[3:].tolist() == [0.0] * 3 and stats["zero_std_ratio"] == 0.5  # exactly 0: drop_zero_advantage drops it
     with pytest.raises(RecipeError, match="reward.normalize"):
         recipe_from_tree({"train": {"reward": {"normalize": "per_reward"}, "algorithm": {"std_mode": "per_prompt"}}})
+
+
+# MixGRPO's advantage_aggr (train_grpo_flux.py, multi_reward_mix) by hand: two groups of 3, torch's N - 1 std + 1e-8
+# per reward and group, weights {1, 1, 2} normalized to {0.25, 0.25, 0.5}, summed, no second normalization:
+#   hps [1, 2, 3 | 0, 0, 3]     -> [-1, 0, 1 | -0.57735, -0.57735, 1.154701]
+#   ir  [.5, .5, 2 | 1, 2, 3]   -> [-0.57735, -0.57735, 1.154701 | -1, 0, 1]
+#   pick [10, 20, 30 | 5, 5, 5] -> [-1, 0, 1 | 0, 0, 0]
+MIXGRPO_AGGREGATED = [-0.8943376, -0.1443376, 1.0386751, -0.3943376, -0.1443376, 0.5386751]
+
+
+def test_advantage_aggr_is_mixgrpos_weighted_sum_of_per_reward_group_advantages():
+    from unirl_core.algorithms.advantages import per_reward_advantages
+    from unirl_core.algorithms.registry import algorithm_config
+    from unirl_core.config import RecipeError, recipe_from_tree
+
+    algorithm = algorithm_config({"name": "mixgrpo"})
+    prompts = ["a"] * 3 + ["b"] * 3
+    rewards = {"hps": [1, 2, 3, 0, 0, 3], "ir": [0.5, 0.5, 2, 1, 2, 3], "pick": [10, 20, 30, 5, 5, 5]}
+    weights = {"hps": 1.0, "ir": 1.0, "pick": 2.0}
+    aggregated, _ = per_reward_advantages(algorithm, prompts, rewards, weights, 3, mode="advantage_aggr")
+    assert aggregated.tolist() == pytest.approx(MIXGRPO_AGGREGATED, abs=1e-6)
+    gdpo, _ = per_reward_advantages(algorithm, prompts, rewards, weights, 3, mode="per_reward")
+    assert gdpo.tolist() == pytest.approx((aggregated / aggregated.std()).tolist(), abs=1e-5)  # GDPO standardizes
+    smoke = {"source": "smoke"}
+    config = recipe_from_tree({"train": {"data": smoke, "reward": {"normalize": "advantage_aggr"}}}).train
+    assert config.reward.normalize == "advantage_aggr"
+    per_prompt = {"data": smoke, "reward": {"normalize": "advantage_aggr"}, "algorithm": {"std_mode": "per_prompt"}}
+    with pytest.raises(RecipeError, match="reward.normalize: got 'advantage_aggr'"):
+        recipe_from_tree({"train": per_prompt})
