@@ -1,7 +1,7 @@
 """FlowDPPO (Tencent-Hunyuan/UniRL, FlowDPPO/config.yaml): no ratio clipping; the term -A ratio of a (sample, step)
 is dropped when the step's KL to pi_old is at or above `kl_threshold` and the update pushes further the same way
 (`losses.divergence_mask_loss`); 3 SDE steps drawn per rollout from the first half of the steps, ODE elsewhere,
-2 updates per rollout.
+2 updates per rollout, advantages over the batch std (N - 1, eps 1e-8) as UniRL's SD3 recipe.
 """
 
 from __future__ import annotations
@@ -29,6 +29,15 @@ class FlowDPPOConfig(AlgorithmConfig):
 
     num_updates_per_batch: Annotated[Count, Field(ge=1)] = 2
     """FlowDPPO: 2 updates per rollout."""
+
+    std_mode: Literal["group", "batch", "per_prompt"] = "batch"
+    """UniRL's SD3 FlowDPPO recipe (`adv_use_global_std: true`): the group's mean over the whole batch's std."""
+
+    std_ddof: Annotated[int, Field(ge=0, le=1)] = 1
+    """UniRL: torch's .std() (N - 1)."""
+
+    adv_eps: Annotated[float, Field(gt=0)] = 1e-8
+    """UniRL: 1e-8 added to the std."""
 
 
 class FlowDPPO(PolicyGradient):

@@ -247,3 +247,22 @@ def test_advantage_aggr_is_mixgrpos_weighted_sum_of_per_reward_group_advantages(
     per_prompt = {"data": smoke, "reward": {"normalize": "advantage_aggr"}, "algorithm": {"std_mode": "per_prompt"}}
     with pytest.raises(RecipeError, match="reward.normalize: got 'advantage_aggr'"):
         recipe_from_tree({"train": per_prompt})
+
+
+def test_flow_dppo_recipe_and_preset_normalize_as_unirls_sd3_recipe():
+    """UniRL's SD3 FlowDPPO (adv_use_global_std: true): (r - group mean) / (batch std, N - 1, + 1e-8). By hand for
+    [1, 2, 3 | 2, 2, 5]: group means 2, 3; batch std sqrt(9.5 / 5) = 1.3784049 -> [-1, 0, 1, -1, -1, 2] / 1.3784049."""
+    from unirl_core.algorithms.advantages import compute_advantages
+    from unirl_core.algorithms.registry import algorithm_config
+    from unirl_core.config import load_recipe
+    from unirl_core.config.recipe import packaged_recipes
+
+    by_hand = [-0.7254763, 0.0, 0.7254763, -0.7254763, -0.7254763, 1.4509525]
+    env = {"DATA_PATH": "p.txt", "MODEL_PATH": "m", "CLIP_PATH": "c"}
+    assert "sd35_medium_flow_dppo" in packaged_recipes()
+    recipe = load_recipe("sd35_medium_flow_dppo", env=env).train.algorithm
+    preset = algorithm_config({"name": "flow_dppo"})
+    for algorithm in (recipe, preset):
+        prompts = ["a"] * 3 + ["b"] * 3
+        advantages, _ = compute_advantages(algorithm, None, prompts, [1, 2, 3, 2, 2, 5], 3)
+        assert advantages.tolist() == pytest.approx(by_hand, abs=1e-6)
