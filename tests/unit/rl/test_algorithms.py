@@ -312,6 +312,21 @@ def test_divergence_mask_drops_only_high_kl_moves_along_the_advantage():
     assert torch.allclose(terms.detach(), -advantages * ratio) and metrics["masked_fraction"] == 0
 
 
+def test_flow_dppos_kl_at_sigma_one_uses_the_transitions_own_std_as_unirl_now_does():
+    """UniRL's FlowDPPO `_compute_sigma_t` (Tencent-Hunyuan/UniRL 1cc88b6, flowdppo.py) takes sigma_max = sigmas[1]
+    in place of sigma = 1, "not a 0.99 clamp, so sigma_t equals the transition's std_var"; its earlier versions
+    clamped sigma at 0.99. By hand, 10 steps shifted by 3: sigma_1 = 2.7 / 2.8, eta 0.7: std = 0.7 sqrt(1 / (1 -
+    sigma_1)) sqrt(sigma_0 - sigma_1) = 0.7 exactly (0.99 clamp: 7 sqrt(1/28) = 1.3228757, KL 3.57x smaller)."""
+    sigma_1 = 2.7 / 2.8
+    x, v = torch.zeros(2, 3), torch.ones(2, 3)
+    old = flow_sde_step(v, x, 1.0, sigma_1, 0.7, sigma_max=sigma_1)
+    assert math.isclose(old.std.item(), 0.7, rel_tol=1e-6)
+    mean_old = old.mean - torch.tensor([[0.01], [0.0]])  # sample 0 moved by 0.01 per element
+    result = type("R", (), {"log_prob": torch.zeros(2), "mean": old.mean, "std": old.std, "dt": old.dt})()
+    _, metrics = divergence_mask_loss(result, torch.zeros(2), mean_old, torch.ones(2), kl_threshold=1e-5)
+    assert math.isclose(metrics["kl_old_max"].item(), 0.01**2 / (2 * 0.49), rel_tol=1e-4)
+
+
 # --- advantages ---------------------------------------------------------------------------------------------------
 
 
