@@ -71,6 +71,19 @@ def test_each_algorithm_trains_from_an_exact_pi_old(name):
         assert rollout.steps == [0, 1, 2, 3] and rollout.trained().shape == (4, 2)
 
 
+def test_mixgrpos_empty_window_rolls_out_with_the_ode_and_leaves_the_weights():
+    """5 steps: windows end at 5 - 2 = 3, so position 3 (RL step 3 with a shift every step) is empty, as MixGRPO's
+    code: nothing stored, nothing trained, the weights unchanged, the step's metrics without ratios."""
+    config, adapter, samples = setup(name="mixgrpo", sde_window={"size": 2, "shift_every": 1})
+    windows = [run_rollout(adapter, samples, config.sampling, config.algorithm, seed=0, step=k).steps for k in range(5)]
+    assert windows == [[0, 1], [1, 2], [2], [], [0, 1]]
+    rollout = run_rollout(adapter, samples, config.sampling, config.algorithm, seed=0, step=3)
+    before = lora_weights(adapter)
+    metrics = TrainStack(adapter, config.algorithm).train(rollout, torch.tensor([1.0, -1.0, 0.5, -0.5]), step=3)
+    assert metrics["grad_norm"] == 0.0 and "ratio_min" not in metrics
+    assert all(torch.equal(a, b) for a, b in zip(before, lora_weights(adapter), strict=True))
+
+
 def test_random_timesteps_train_the_same_whatever_the_micro_batch():
     """Samples training different steps are grouped by step inside a micro-batch; the update must not depend on
     how the batch is cut (micro-batch 4: groups of mixed steps; 1: one sample at a time)."""

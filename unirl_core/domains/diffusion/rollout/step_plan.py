@@ -9,8 +9,8 @@
                  every candidate otherwise; all other steps are ODE steps (eta 0)
 
 Windows (`algorithm.sde_window`) move with the RL step only: `fixed`, `random` (Flow-GRPO-Fast: one draw per RL
-step from (seed, step)), `sliding` (MixGRPO: `stride` steps every `shift_every` RL steps, cycling; the last windows shrink as in its code,
-or stay whole with `tail: full`), `subset`
+step from (seed, step)), `sliding` (MixGRPO: `stride` steps every `shift_every` RL steps, cycling; the last
+windows shrink as in its code, or stay whole with `tail: full`), `subset`
 (FlowDPPO: `size` distinct steps of the range per RL step); `post_compress` thins the ODE steps after the window
 (`compressed_schedule`, MixGRPO-Flash). The plan is a
 pure function of (config, RL step, sample ids), so a resumed run is on the same window as the uninterrupted one.
