@@ -2,7 +2,7 @@
 `train` flow running them as a round on a local Ray with 1 and 2 FSDP workers.
 
     .venv/bin/python benchmarks/round_overhead.py [--model mid-sd3] [--steps 5] [--skip 1] [--inference-steps 4]
-                                                  [--px 64] [--cpus N] [--modes bare,bare-1t,ray-1,ray-2]
+                                                  [--px 64] [--cpus N] [--modes bare,bare-1t,ray-1,ray-2] [--repeat 3]
 
 Every mode runs the `demo` recipe (2 prompts x 4 samples, LoRA rank 8, CFG off, jpeg_compressibility) on a model of
 rl_step.py built from config with random weights (mid-sd3 by default: 4 layers x 256 wide, ~9 M parameters, 64 px,
@@ -20,11 +20,14 @@ logging one: scatter, gather, advantages, metrics.jsonl and MLflow included); th
 startup = wall time to the first step's start (flow and task start, MLflow run and params, Ray start, workers
 building and sharding the model; model loading for the bare runner); finish = wall time after the last step's end
 (checkpoint, sample grid, Ray teardown, export and model registration). Goal: steady-state round / bare <= 1.10x.
+With --repeat N the modes run in turn N times (bare, ray-1, ray-2, bare, ...) so that a machine whose speed drifts
+slows every mode alike; the table shows each mode's medians and the verdict each repeat's ratio to its own bare.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import statistics
 import sys
@@ -139,6 +142,12 @@ def run_round(path: str, out: Path, args, workers: int, images: int) -> dict:
     return result
 
 
+def median_of(runs: list[dict]) -> dict:
+    """One mode's runs as one row: the median of each figure (the per-run s/step kept for the verdict)."""
+    row = {k: statistics.median(r[k] for r in runs) for k in runs[0] if isinstance(runs[0][k], float)}
+    return {**runs[0], **row, "runs": [r["s_per_step"] for r in runs]}
+
+
 def progress(r: dict) -> None:
     periods = " ".join(f"{p:.2f}" for p in r["periods"])
     print(f"  {r['mode']}: {r['s_per_step']:.2f} s/step (steady steps: {periods}), wall {r['wall']:.0f} s", flush=True)
@@ -153,6 +162,7 @@ def main() -> None:
     parser.add_argument("--px", type=int, default=None, help="image size (default: the model's, from rl_step.py)")
     parser.add_argument("--cpus", type=int, default=os.cpu_count(), help="CPUs of the Ray rounds (and bare threads)")
     parser.add_argument("--modes", default="bare,bare-1t,ray-1,ray-2")
+    parser.add_argument("--repeat", type=int, default=1, help="run the modes in turn this many times; medians shown")
     args = parser.parse_args()
     args.px = args.px or SHAPES[args.model][2]
     if not 1 <= args.skip < args.steps:
@@ -169,23 +179,18 @@ def main() -> None:
     quiet_model_libraries()
     torch.set_num_threads(args.cpus)
     images = 8  # the demo recipe: 2 prompts x 4 samples
-    results = []
-    with tempfile.TemporaryDirectory(prefix="round-overhead-") as tmp:
+    results: list[dict] = []
+    with tempfile.TemporaryDirectory(prefix="round-overhead-") as tmp, contextlib.ExitStack() as stack:
         tmp = Path(tmp)
         os.environ["MLFLOW_TRACKING_URI"] = f"sqlite:///{tmp / 'mlflow.db'}"
         path, params = build_model(args.model, tmp / "models")
         print(
             f"{args.model}: {params / 1e6:.1f} M parameters, {args.px} px, {args.inference_steps} denoising steps, "
             f"{images} images per step, {args.steps} steps per mode ({args.skip} warm-up), {args.cpus} CPUs, "
-            f"{os.cpu_count()} cores on this machine",
+            f"{os.cpu_count()} cores on this machine, modes interleaved {args.repeat} time(s)",
             flush=True,
         )
-        for mode in [m for m in modes if m.startswith("bare")]:
-            threads = args.cpus if mode == "bare" else 1
-            results.append(run_bare(path, tmp / f"out-{mode}", args, threads, images))
-            progress(results[-1])
-        rounds = [m for m in modes if m.startswith("ray")]
-        if rounds:
+        if any(m.startswith("ray") for m in modes):
             from mlflow.tracking import MlflowClient
             from prefect.testing.utilities import prefect_test_harness
 
@@ -193,16 +198,22 @@ def main() -> None:
             MlflowClient(os.environ["MLFLOW_TRACKING_URI"]).search_experiments()  # creates the database
             created = time.perf_counter() - started
             started = time.perf_counter()
-            with prefect_test_harness(server_startup_timeout=120):
-                print(
-                    f"  (not counted: MLflow sqlite created in {created:.1f} s, temporary Prefect API started in "
-                    f"{time.perf_counter() - started:.1f} s)",
-                    flush=True,
-                )
-                for mode in rounds:
-                    workers = int(mode.split("-")[1])
-                    results.append(run_round(path, tmp / f"out-{mode}", args, workers, images))
-                    progress(results[-1])
+            stack.enter_context(prefect_test_harness(server_startup_timeout=120))
+            print(
+                f"  (not counted: MLflow sqlite created in {created:.1f} s, temporary Prefect API started in "
+                f"{time.perf_counter() - started:.1f} s)",
+                flush=True,
+            )
+        for repeat in range(args.repeat):  # bare, bare-1t, ray-1, ray-2, bare, ...: a drifting machine hits every mode
+            for mode in modes:
+                out = tmp / f"out-{mode}-{repeat}"
+                if mode.startswith("bare"):
+                    results.append(run_bare(path, out, args, args.cpus if mode == "bare" else 1, images))
+                else:
+                    results.append(run_round(path, out, args, int(mode.split("-")[1]), images))
+                results[-1]["repeat"] = repeat
+                progress(results[-1])
+        results = [median_of([r for r in results if r["mode"] == mode]) for mode in modes]
 
     base = next((r for r in results if r["mode"] == "bare"), None)
     print()
@@ -225,9 +236,11 @@ def main() -> None:
         for r in results:
             if r["mode"].startswith("ray"):
                 ratio = r["s_per_step"] / base["s_per_step"]
+                paired = [a / b for a, b in zip(r["runs"], base["runs"], strict=True)]  # each run / that repeat's bare
                 verdict = "met" if ratio <= GOAL else "not met"
+                each = f"; per repeat {' '.join(f'{p:.2f}x' for p in paired)}" if len(paired) > 1 else ""
                 print(
-                    f"goal <= {GOAL:.2f}x: {verdict} for {r['mode']} ({ratio:.2f}x at steady state; startup "
+                    f"goal <= {GOAL:.2f}x: {verdict} for {r['mode']} ({ratio:.2f}x at steady state{each}; startup "
                     f"{r['startup']:.1f} s vs {base['startup']:.1f} s bare, finish {r['finish']:.1f} s)"
                 )
 

@@ -32,17 +32,20 @@ def ray_rows(config) -> list[dict]:
     return [json.loads(line) for line in (output_dir(config) / METRICS_FILE).read_text().splitlines()]
 
 
-def test_local_and_a_one_worker_ray_round_give_the_same_steps_bitwise(ray_local, tmp_path):
-    config = demo()
-    local = train_locally(config, tmp_path / "local", cpus_per_worker=1)
-    over_ray = ray_rows(on_one_rank(config, tmp_path / "ray", cpus_per_worker=1))
+@pytest.fixture(scope="module")
+def one_worker(ray_local, tmp_path_factory) -> list[dict]:
+    """The 1-worker Ray round both tests compare with (run once)."""
+    return ray_rows(on_one_rank(demo(), tmp_path_factory.mktemp("one-worker"), cpus_per_worker=1))
+
+
+def test_local_and_a_one_worker_ray_round_give_the_same_steps_bitwise(one_worker, tmp_path):
+    local = train_locally(demo(), tmp_path / "local", cpus_per_worker=1)
     assert [row["step"] for row in local] == list(range(STEPS))
-    assert comparable(local) == comparable(over_ray)  # every reward, loss, ratio, grad norm and lr
+    assert comparable(local) == comparable(one_worker)  # every reward, loss, ratio, grad norm and lr
 
 
-def test_one_and_two_workers_give_the_same_rewards(ray_local, tmp_path):
-    config = demo()
-    one = ray_rows(on_one_rank(config, tmp_path / "one", cpus_per_worker=1))
+def test_one_and_two_workers_give_the_same_rewards(one_worker, tmp_path):
+    config, one = demo(), one_worker
     two_config = config.model_copy(update={"output_dir": str(tmp_path / "two"),
                                            "ray": config.ray.model_copy(update={"workers": 2})})  # fmt: skip
     two = ray_rows(two_config)

@@ -1,9 +1,11 @@
 """Training rounds on a real local Ray with 2 CPU workers (gloo, FSDP2), run by the real Prefect train flow, tracked
-in a real MLflow (sqlite): a run end to end, its MLflow contents, the shards each rank holds, exports, and a round
-that retries after one of its workers is killed and ends with exactly the uninterrupted run's steps and weights."""
+in a real MLflow (sqlite): a run end to end, its MLflow contents, the shards each rank holds, exports, and `unirl train`
+surviving a killed worker (the round retries) and then a killed run (the rerun resumes), ending with exactly the
+uninterrupted run's steps and weights."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -229,42 +231,27 @@ def test_exports_load_with_from_pretrained_and_match_the_trained_model(reference
     assert not torch.allclose(untrained, expected, atol=1e-4)  # the export carries the training
 
 
-def _kill_one_worker_after_first_commit(output_dir: Path, killed: list[int]) -> None:
+def _kill_a_worker_of(process: subprocess.Popen, marker: Path, killed: list[int]) -> None:
+    """SIGKILL one training worker of `process`'s own local Ray once `marker` is committed."""
     deadline = time.monotonic() + 240
-    while time.monotonic() < deadline:
-        if (output_dir / "checkpoints/step_00000003/trainer_state.json").is_file():  # RL round 0, mid-round
-            for process in psutil.process_iter(["cmdline"]):
-                if any("TrainWorker" in part for part in process.info["cmdline"] or []):
-                    process.kill()
-                    killed.append(process.pid)
-                    return
+    while time.monotonic() < deadline and process.poll() is None:
+        if marker.is_file():
+            for child in psutil.Process(process.pid).children(recursive=True):
+                with contextlib.suppress(psutil.Error):
+                    if any("TrainWorker" in part for part in child.cmdline()):
+                        child.kill()
+                        killed.append(child.pid)
+                        return
         time.sleep(0.05)
 
 
-def test_a_round_retries_after_a_worker_is_killed_and_ends_as_the_uninterrupted_run(reference, precache, tmp_path):
-    from flows.train import train
-
-    reference_dir, reference_summary = reference
-    output_dir = tmp_path / "killed"
-    killed: list[int] = []
-    killer = threading.Thread(target=_kill_one_worker_after_first_commit, args=(output_dir, killed), daemon=True)
-    killer.start()
-    summary = train(load_config(output_dir), run_name="rounds-test-killed", precache=precache)
-    killer.join(timeout=5)
-    assert killed, "no worker was killed"
-    assert summary.rounds[1].resumed_from == 3  # the retried RL round resumed from its committed step
-    assert metric_rows(output_dir) == {
-        step: {**row} for step, row in metric_rows(reference_dir).items()
-    }  # bitwise: every reward, loss, ratio, grad norm and lr of every step
-    expected, got = final_weights(reference_dir), final_weights(output_dir)
-    assert expected.keys() == got.keys()
-    assert all(torch.equal(expected[k], got[k]) for k in expected)
-
-
-def test_unirl_train_killed_mid_round_resumes_with_exactly_the_uninterrupted_steps(reference, precache, tmp_path):
-    """`unirl train RECIPE` (warm-up + RL rounds on 2 workers) SIGKILLed mid-round with the local Ray it started,
-    then run again: the steps after the last committed checkpoint equal the uninterrupted run's bitwise, and so do
-    the final weights."""
+def test_unirl_train_survives_a_killed_worker_then_a_killed_run_and_ends_as_the_uninterrupted_one(
+    reference, precache, tmp_path
+):
+    """`unirl train RECIPE` (warm-up + RL rounds on 2 workers): one training worker SIGKILLed after RL round 0's first
+    commit (step 3), so the round retries and resumes from that checkpoint; then the whole run (driver and the local
+    Ray it started) SIGKILLed mid-round 1 and run again: the steps after the last committed checkpoint equal the
+    uninterrupted run's bitwise, and so do the final weights."""
     import yaml
     from prefect.settings import PREFECT_API_URL
 
@@ -281,22 +268,32 @@ def test_unirl_train_killed_mid_round_resumes_with_exactly_the_uninterrupted_ste
     command = [str(Path(sys.executable).parent / "unirl"), "train", str(recipe_path)]
     env = {**os.environ, "PREFECT_API_URL": PREFECT_API_URL.value()}
     process = subprocess.Popen(command, env=env, start_new_session=True, stdout=subprocess.PIPE,
-                               stderr=subprocess.STDOUT)  # fmt: skip
+                               stderr=subprocess.STDOUT, text=True)  # fmt: skip
+    output: list[str] = []
+    reader = threading.Thread(target=lambda: output.extend(process.stdout), daemon=True)
+    reader.start()
+    killed: list[int] = []
+    _kill_a_worker_of(process, output_dir / "checkpoints/step_00000003/trainer_state.json", killed)
+    assert killed, "no worker was killed: " + "".join(output)[-3000:]
     marker = output_dir / "checkpoints/step_00000005/trainer_state.json"  # RL round 1, its first step
     deadline = time.monotonic() + 300
     while not marker.is_file() and process.poll() is None and time.monotonic() < deadline:
         time.sleep(0.05)
-    assert process.poll() is None, process.stdout.read().decode()[-3000:]
+    assert process.poll() is None, "".join(output)[-3000:]
     os.killpg(process.pid, signal.SIGKILL)
     process.wait()
+    reader.join(timeout=10)
     stop_recorded(output_dir / RAY_RECORD)  # what the flow's on_crashed hook does under a worker
     assert not (output_dir / "checkpoints/step_00000006").exists()
+    steps = [line.split()[0] for line in output if line.split() and line.split()[0].isdigit()]
+    assert steps == ["3", "4", "5"], "".join(output)[-3000:]  # the retry resumed after step 3: step 3 ran once
 
     rerun = subprocess.run(command, env=env, capture_output=True, text=True, timeout=600)
     assert rerun.returncode == 0, rerun.stdout[-3000:] + rerun.stderr[-3000:]
     assert "warmup round 0: steps 0-2, already committed" in rerun.stdout
     assert "rl round 0: steps 3-4, already committed" in rerun.stdout
     assert "registered model: unirl-killed version 1 (alias candidate)" in rerun.stdout
-    assert metric_rows(output_dir) == metric_rows(reference_dir)
+    assert metric_rows(output_dir) == metric_rows(reference_dir)  # every reward, loss, ratio, grad norm and lr
     expected, got = final_weights(reference_dir), final_weights(output_dir)
+    assert expected.keys() == got.keys()
     assert all(torch.equal(expected[k], got[k]) for k in expected)
