@@ -1,7 +1,12 @@
-"""The deployments against a real Prefect server, a real process worker and an MLflow server, all started by
-`unirl serve` on free loopback ports: `prefect deploy` applies deployments/prefect.yaml; the pipeline deployment runs
-to completion and fills MLflow; its ingest's `unirl.dataset.updated` event triggers `retrain`, whose nightly schedule
-has upcoming runs, and `bagel-export` of that dataset; cancelling the running retrain leaves no Ray process behind."""
+"""`unirl serve` as a user runs it, and the deployments against what it started (a real Prefect server, a real process
+worker and an MLflow server, on free loopback ports), one server for the module, its tests in order:
+
+1. the servers answer on 127.0.0.1 only, the worker joins, and another command of the workspace runs its flow on this
+   Prefect server (no temporary one);
+2. `prefect deploy` applies deployments/prefect.yaml; the pipeline deployment runs to completion and fills MLflow; its
+   ingest's `unirl.dataset.updated` event triggers `retrain`, whose nightly schedule has upcoming runs, and
+   `bagel-export` of that dataset; cancelling the running retrain leaves no Ray process behind;
+3. SIGTERM stops every process `unirl serve` started."""
 
 from __future__ import annotations
 
@@ -12,6 +17,7 @@ import socket
 import subprocess
 import sys
 import time
+import urllib.request
 from pathlib import Path
 
 import psutil
@@ -20,6 +26,7 @@ import pytest
 pytestmark = pytest.mark.slow
 ROOT = Path(__file__).parents[2]
 BIN = Path(sys.executable).parent
+UNIRL = str(BIN / "unirl")
 
 
 def free_port() -> int:
@@ -30,6 +37,7 @@ def free_port() -> int:
 
 @pytest.fixture(scope="module")
 def served(tmp_path_factory):
+    """`unirl serve` started once; the last test stops it (SIGTERM), else this does at the end."""
     from unirl_core.data.synthetic import synthetic_prompts, write_synthetic_parquet
 
     root = tmp_path_factory.mktemp("deployments")
@@ -46,26 +54,61 @@ def served(tmp_path_factory):
         "PREFECT_API_URL": f"http://127.0.0.1:{prefect_port}/api",
         "MLFLOW_TRACKING_URI": f"http://127.0.0.1:{mlflow_port}",
     }
+    workspace_env = {k: v for k, v in env.items() if k not in ("PREFECT_API_URL", "MLFLOW_TRACKING_URI")}
     server = subprocess.Popen(
-        [str(BIN / "unirl"), "serve", "--prefect-port", str(prefect_port), "--mlflow-port", str(mlflow_port)],
-        env={k: v for k, v in env.items() if k not in ("PREFECT_API_URL", "MLFLOW_TRACKING_URI")},
-        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+        [UNIRL, "serve", "--prefect-port", str(prefect_port), "--mlflow-port", str(mlflow_port)],
+        env=workspace_env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
     )  # fmt: skip
     lines: list[str] = []
-    while not any("Ctrl-C" in line for line in lines):
+    deadline = time.monotonic() + 240
+    while time.monotonic() < deadline and not any("Ctrl-C" in line for line in lines):
         line = server.stdout.readline()
         assert line or server.poll() is None, "".join(lines)
         lines.append(line)
-    deploy = subprocess.run(
-        [str(BIN / "prefect"), "--no-prompt", "deploy", "--all", "--prefect-file", "deployments/prefect.yaml"],
-        cwd=ROOT, env=env, capture_output=True, text=True, timeout=300,
-    )  # fmt: skip
+    assert any("Ctrl-C" in line for line in lines), "".join(lines)
+    served = {"root": root, "env": env, "workspace_env": workspace_env, "process": server, "output": "".join(lines),
+              "ports": (prefect_port, mlflow_port)}  # fmt: skip
     try:
-        assert deploy.returncode == 0, deploy.stdout[-3000:] + deploy.stderr[-3000:]
-        yield root, env
+        yield served
     finally:
-        server.send_signal(signal.SIGTERM)
-        server.wait(timeout=90)
+        if server.poll() is None:
+            server.send_signal(signal.SIGTERM)
+            server.wait(timeout=90)
+
+
+def answers(url: str) -> bool:
+    try:
+        with urllib.request.urlopen(url, timeout=2) as response:
+            return response.status == 200
+    except OSError:
+        return False
+
+
+def test_serve_answers_on_loopback_with_a_worker_and_commands_of_the_workspace_use_its_prefect(served, tmp_path):
+    (prefect_port, mlflow_port), output = served["ports"], served["output"]
+    assert f"Prefect UI:  http://127.0.0.1:{prefect_port}" in output, output
+    assert f"MLflow UI:   http://127.0.0.1:{mlflow_port}" in output, output
+    assert answers(f"http://127.0.0.1:{prefect_port}/api/health")
+    with urllib.request.urlopen(f"http://127.0.0.1:{prefect_port}/ui-settings", timeout=5) as response:
+        assert json.loads(response.read())["api_url"] == f"http://127.0.0.1:{prefect_port}/api"  # the UI's API
+    assert answers(f"http://127.0.0.1:{mlflow_port}/health")
+    time.sleep(2)  # the worker starts after both servers answer
+    children = psutil.Process(served["process"].pid).children(recursive=True)
+    assert any("worker" in " ".join(c.cmdline()) for c in children)
+    listening = [c for c in psutil.net_connections(kind="inet")
+                 if c.status == "LISTEN" and c.laddr.port in served["ports"]]  # fmt: skip
+    assert listening and all(c.laddr.ip == "127.0.0.1" for c in listening)
+    # a command of the same workspace (no PREFECT_API_URL) runs its flow on this server: no temporary one, no wait
+    (tmp_path / "p.txt").write_text("a\nb\n")
+    check = subprocess.run([UNIRL, "prompts", "check", str(tmp_path / "p.txt")], env=served["workspace_env"],
+                           capture_output=True, text=True, timeout=120)  # fmt: skip
+    assert check.returncode == 0, check.stderr
+    [log] = (served["root"] / "home" / "logs").glob("*-prompts-*.log")
+    assert "Starting temporary server" not in log.read_text()
+    request = urllib.request.Request(f"http://127.0.0.1:{prefect_port}/api/flow_runs/filter", data=b"{}",
+                                     headers={"Content-Type": "application/json"})  # fmt: skip
+    with urllib.request.urlopen(request, timeout=10) as response:
+        assert [run["name"] for run in json.loads(response.read())]  # the check's flow run, in this server
 
 
 def client_call(env: dict, coroutine_factory):
@@ -106,7 +149,12 @@ def wait_for(predicate, timeout: float, what: str):
 def test_deployments_run_trigger_schedule_and_cancel(served):
     from mlflow.tracking import MlflowClient
 
-    root, env = served
+    root, env = served["root"], served["env"]
+    deploy = subprocess.run(
+        [str(BIN / "prefect"), "--no-prompt", "deploy", "--all", "--prefect-file", "deployments/prefect.yaml"],
+        cwd=ROOT, env=env, capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert deploy.returncode == 0, deploy.stdout[-3000:] + deploy.stderr[-3000:]
     overrides = [f"train.output_dir={root / 'pipeline-out'}", "train.warmup.steps=2", "train.warmup.batch_size=4",
                  "train.steps=2", "train.steps_per_round=2", "train.eval_every_rounds=0"]  # fmt: skip
     started = subprocess.run(
@@ -159,3 +207,14 @@ def test_deployments_run_trigger_schedule_and_cancel(served):
         return not [e for e in recorded["processes"] if psutil.pid_exists(e["pid"])]
 
     wait_for(ray_gone, 30, "the cancelled run's Ray processes to exit")
+
+
+def test_sigterm_stops_every_process_serve_started(served):
+    process = served["process"]
+    children = psutil.Process(process.pid).children(recursive=True)
+    assert children
+    process.send_signal(signal.SIGTERM)
+    process.wait(timeout=90)
+    time.sleep(1)
+    assert not [c for c in children if c.is_running() and c.status() != psutil.STATUS_ZOMBIE]
+    assert process.returncode == 0
