@@ -37,7 +37,7 @@ TINY = {  # algorithm -> its recipe overrides on the tiny 8-step runs (the prese
                       *SAME_ADVANTAGES],
     "dancegrpo": ["train.algorithm.name=dancegrpo", "train.algorithm.eta=0.7", *SAME_ADVANTAGES],
     "grpo_guard": ["train.algorithm.name=grpo_guard"],
-    "flow_dppo": ["train.algorithm.name=flow_dppo"],
+    "flow_dppo": ["train.algorithm.name=flow_dppo", *SAME_ADVANTAGES],  # its preset: N - 1 and 1e-8, as UniRL
     "reinforce": ["train.algorithm.name=reinforce"],
     "diffusion_nft": ["train.algorithm.name=diffusion_nft"],  # DPM-Solver++ 2M rollouts, as the reference
     "diffusion_nft_euler": ["train.algorithm.name=diffusion_nft", "train.algorithm.ode_solver=euler"],
