@@ -129,9 +129,13 @@ def test_malformed_overrides(override, message):
         load_recipe("demo", [override])
 
 
-def test_unknown_recipe_lists_the_packaged_ones():
-    with pytest.raises(RecipeError, match=r"no packaged recipe of that name; packaged: \['demo'"):
-        load_recipe("demoo")
+def test_unknown_recipe_lists_the_packaged_ones_and_suggests_the_closest():
+    with pytest.raises(RecipeError, match=r"no packaged recipe of that name; did you mean 'demo'\? packaged: \['demo'"):
+        load_recipe("dmeo")
+    with pytest.raises(RecipeError, match=r"did you mean 'sd35_medium_grpo'\?"):
+        load_recipe("sd35_medum_grpo")
+    with pytest.raises(RecipeError, match=r"of that name; packaged: \['demo'"):  # nothing close: no guess
+        load_recipe("zzzzzz")
 
 
 def test_non_mapping_and_invalid_yaml(tmp_path):

@@ -72,13 +72,15 @@ def resolve_recipe_path(ref: str | os.PathLike) -> Path:
     packaged = packaged_recipes()
     if str(ref) in packaged:
         return packaged[str(ref)]
+    hint = difflib.get_close_matches(Path(str(ref)).stem, packaged, n=1)  # `dmeo`, `demo.yml`
+    suggestion = f"did you mean '{hint[0]}'? " if hint else ""
     raise RecipeError(
         str(ref),
         [
             RecipeIssue(
                 "",
                 str(ref),
-                f"no such file and no packaged recipe of that name; packaged: {sorted(packaged)}",
+                f"no such file and no packaged recipe of that name; {suggestion}packaged: {sorted(packaged)}",
             )
         ],
     )
