@@ -13,7 +13,7 @@ export PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS := 120
 export DO_NOT_TRACK := 1
 export PREFECT_SERVER_ANALYTICS_ENABLED := false
 
-.PHONY: install test lint format clean demo serve ui-check gpu-check wheelhouse
+.PHONY: install test test-fast lint format clean demo serve ui-check gpu-check wheelhouse
 
 install: $(STAMP)
 
@@ -38,6 +38,10 @@ format: install
 TEST_WORKERS ?= 2
 test: lint
 	$(BIN)/python -m pytest -n $(TEST_WORKERS) --dist loadfile
+
+# The quick loop: every test that starts no service (no Prefect harness, no Ray, no `unirl serve`), without the lint.
+test-fast: install
+	$(BIN)/python -m pytest -n $(TEST_WORKERS) --dist loadfile -m "not slow"
 
 # The whole pipeline on this machine's CPU: synthetic data -> ingest -> precache -> warm-up -> RL rounds.
 demo: install

@@ -115,3 +115,14 @@ def image_server():
     server = ImageServer().start()
     yield server
     server.stop()
+
+
+SERVICES = {"prefect_harness", "ray_local"}  # session services a test may start through its fixtures
+
+
+def pytest_collection_modifyitems(items):
+    """A test that starts a Prefect harness or a local Ray, directly or through another fixture, is `slow`: the quick
+    loop (`pytest -m "not slow"`, `make test-fast`) never waits on a service, whatever marks its file forgot."""
+    for item in items:
+        if SERVICES & set(getattr(item, "fixturenames", ())) and not item.get_closest_marker("slow"):
+            item.add_marker(pytest.mark.slow)

@@ -253,3 +253,19 @@ def test_the_training_cores_functions_stay_short():
                     if lines >= LONGEST_FUNCTION:
                         long.append(f"{path.relative_to(CORE.parent)}:{node.lineno} {node.name} ({lines} lines)")
     assert long == [], long
+
+
+def test_the_quick_loop_selects_no_test_that_starts_a_service():
+    """tests/conftest.py marks `slow` every test whose fixtures start a Prefect harness or a local Ray: the training
+    rounds' file carries no mark of its own, and the quick loop (`-m "not slow"`) selects none of it."""
+    import subprocess
+    import sys
+
+    root = Path(__file__).resolve().parents[2]
+    collected = subprocess.run(
+        [sys.executable, "-m", "pytest", "--collect-only", "-q", "-p", "no:cacheprovider", "-m", "not slow",
+         "tests/integration/test_train_rounds.py"],
+        cwd=root, capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert "::" not in collected.stdout and "deselected" in collected.stdout, collected.stdout[-2000:]
+    assert "pytestmark" not in (root / "tests/integration/test_train_rounds.py").read_text()  # the hook's doing
