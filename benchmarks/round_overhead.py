@@ -211,7 +211,6 @@ def main() -> None:
                     results.append(run_bare(path, out, args, args.cpus if mode == "bare" else 1, images))
                 else:
                     results.append(run_round(path, out, args, int(mode.split("-")[1]), images))
-                results[-1]["repeat"] = repeat
                 progress(results[-1])
         results = [median_of([r for r in results if r["mode"] == mode]) for mode in modes]
 
