@@ -3,6 +3,7 @@ same prompts, seeds and reward (the demo recipe: jpeg_compressibility, 2 prompts
 
     .venv/bin/python benchmarks/algorithms.py [--family sd3] [--steps 24] [--seeds 0,1,2] [--inference-steps 8]
     .venv/bin/python benchmarks/algorithms.py --only grpo,mixgrpo
+    .venv/bin/python benchmarks/algorithms.py --family flux --only grpo --steps 16    # a family's learning claim
 
 Each algorithm runs its defaults (its config class in unirl_core/algorithms/<name>.py) with the overrides in `TINY` below,
 which scale windows written for 10-28 steps to the tiny runs' 8. Every run is one rank in this process
@@ -23,8 +24,13 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "tests" / "support"))  # the tiny families' recipe overrides (family_cases.py)
+
+from family_cases import FAMILIES as TINY_FAMILIES  # noqa: E402
+from family_cases import family_overrides  # noqa: E402
 
 from unirl_core.config import load_recipe  # noqa: E402
+from unirl_core.models.registry import family_class  # noqa: E402
 
 SAME_ADVANTAGES = ["train.algorithm.std_ddof=0", "train.algorithm.adv_eps=1e-4"]  # the demo's normalization for all
 TINY = {  # algorithm -> its recipe overrides on the tiny 8-step runs (the preset fills the rest)
@@ -46,16 +52,18 @@ FAMILIES = {
     "sd3": [],
     "sd15": ["train.model.family=sd15", "train.model.path=tiny:sd15", "train.algorithm.eta=1.0",
              "train.model.lora.target_modules=[to_q,to_k,to_v,to_out.0,proj_out,conv_out]"],
+    **dict.fromkeys(TINY_FAMILIES),  # tests/support/family_cases.py's overrides (edit families get edit prompts)
 }  # fmt: skip
-DDIM_ALGORITHMS = set(TINY) - {"dancegrpo"}  # DDIM families (sd15) have no `dance` SDE
+DDIM_ALGORITHMS = set(TINY) - {"dancegrpo"}  # DDIM families (sd15, sdxl) have no `dance` SDE
 WINDOW = 4
 
 
 def run(name: str, family: str, seed: int, steps: int, inference_steps: int, folder: Path) -> list[dict]:
     from unirl_core.controller import plan_rounds, run_round
 
+    tiny = family_overrides(family, folder / "prompts") if FAMILIES[family] is None else FAMILIES[family]
     overrides = [
-        *FAMILIES[family], *TINY[name], f"train.steps={steps}", f"train.steps_per_round={steps}",
+        *tiny, *TINY[name], f"train.steps={steps}", f"train.steps_per_round={steps}",
         f"train.sampling.num_inference_steps={inference_steps}", f"train.sampling.seed={seed}",
         f"train.data.seed={seed}", f"train.output_dir={folder}", "train.ray.workers=1",
         "train.checkpoint_every=1000",
@@ -76,7 +84,7 @@ def main() -> None:
     parser.add_argument("--only", default="", help="comma-separated algorithms (default: all)")
     args = parser.parse_args()
     names = [n for n in TINY if not args.only or n in args.only.split(",")]
-    if args.family == "sd15":
+    if family_class(args.family).sampler_kind == "ddim":
         names = [n for n in names if n in DDIM_ALGORITHMS]
     seeds = [int(s) for s in args.seeds.split(",")]
     results = {}

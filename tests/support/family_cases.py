@@ -23,7 +23,9 @@ FAMILIES: dict[str, list[str]] = {  # family -> its tiny's recipe overrides
 }  # fmt: skip
 
 
-LEARNING_STEPS = {"flux2_klein": 24}  # at learning.STEPS (16) one seed of 3 clears the margin; at 24 two do
+LEARNING_STEPS = {
+    "flux2_klein": 24
+}  # benchmarks/algorithms.py: at 16 RL steps one seed of 3 clears the margin; at 24 two do
 
 
 def family_overrides(family: str, folder) -> list[str]:
