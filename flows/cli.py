@@ -14,6 +14,7 @@ from __future__ import annotations
 import json
 import os
 import sys
+from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated
 
@@ -21,7 +22,7 @@ import typer
 from typer.core import TyperGroup
 from typer.exceptions import TyperException
 
-from flows import console
+from flows import console, interrupt
 from flows.cli_bagel import bagel_app
 from flows.cli_rewards import rewards_app
 from flows.cli_tables import echo_table
@@ -140,6 +141,32 @@ def validate(
     typer.echo(dump_resolved(loaded), nl=False)
 
 
+_UNSET = "unset:"
+
+
+class _UnsetNamed(Mapping):
+    """The environment, where a variable that is not set reads as `unset:NAME` (names collected in `unset`):
+    `unirl plan` works from a recipe whose data, reward and model locations are still to be given."""
+
+    def __init__(self, unset: set[str]):
+        self.unset = unset
+
+    def __getitem__(self, name: str) -> str:
+        if name in os.environ:
+            return os.environ[name]
+        self.unset.add(name)
+        return f"{_UNSET}{name}"
+
+    def __contains__(self, name: object) -> bool:
+        return True
+
+    def __iter__(self):
+        return iter(os.environ)
+
+    def __len__(self) -> int:
+        return len(os.environ)
+
+
 @app.command()
 def plan(
     recipe: Annotated[str, typer.Argument(help="A recipe with a `train` section (file or packaged name).")],
@@ -156,7 +183,8 @@ def plan(
     from unirl_core.models.real_sizes import VARIANTS, variant_names
     from unirl_core.models.registry import family_class, resolve_model_path
 
-    loaded = load_recipe(recipe, set_ or [])
+    unset: set[str] = set()
+    loaded = load_recipe(recipe, set_ or [], env=_UnsetNamed(unset))  # the plan reads no data, rewards or weights
     if loaded.train is None:
         raise _fail(f"error: recipe {recipe} has no `train` section")
     config = loaded.train
@@ -171,6 +199,11 @@ def plan(
                 f"{', '.join(variant_names(config.model.family)) or 'none'}"
             )
         source = variant
+    elif config.model.path.startswith(_UNSET):
+        raise _fail(
+            f"error: train.model.path comes from {config.model.path[len(_UNSET) :]}, which is not set: set it to the "
+            f"model's folder or pass --variant, one of: {', '.join(variant_names(config.model.family)) or 'none yet'}"
+        )
     else:
         source = resolve_model_path(config.model.path)
         if not (Path(source) / "model_index.json").is_file():
@@ -180,6 +213,8 @@ def plan(
             )
     _quiet_model_libraries()
     typer.echo(format_plan(memory_plan(config, source)))
+    if unset:
+        typer.echo(f"not set, and not needed for the plan: {', '.join(sorted(unset))}")
 
 
 @app.command()
@@ -358,6 +393,7 @@ def _train_rounds(recipe, local: bool = False) -> None:
     config = recipe.train
     validate(config, recipe.precache)  # before any Prefect or Ray work
     rounds = plan_rounds(config)
+    interrupt.keep(lambda: _kept_checkpoint(config))
     typer.echo(
         f"training {domain_class(config.domain.name).title(config)}: {len(rounds)} rounds "
         f"({config.warmup.steps} warm-up + {config.steps} RL steps) on "
@@ -380,6 +416,14 @@ def _train_rounds(recipe, local: bool = False) -> None:
     typer.echo(f"exported: {summary.export}")
     typer.echo(f"registered model: {summary.registered_model} version {summary.model_version} (alias {summary.alias})")
     typer.echo(f"MLflow run: {summary.mlflow_run_url or summary.mlflow_run_id}")
+
+
+def _kept_checkpoint(config) -> str:
+    """What a stopped training run keeps: its last committed checkpoint (every commit is atomic)."""
+    from unirl_core.controller.controller import checkpoints
+
+    latest = checkpoints(config).latest()
+    return f"kept checkpoint {latest.name} ({latest})" if latest else "no checkpoint committed yet"
 
 
 def _step_rows(display: console.CommandProgress, rewards: list[float]):

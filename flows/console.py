@@ -85,7 +85,11 @@ def prepare(command: str, verbose_: bool = False) -> Path | None:
     verbose_option = verbose_
     if not is_console_script:
         return None
+    from flows import interrupt
     from flows.serve import running_prefect_api
+
+    if command != "serve":  # `unirl serve` stops its servers on SIGINT itself
+        interrupt.install()
     from unirl_core.workspace import workspace
 
     for name, value in ENV_DEFAULTS.items():

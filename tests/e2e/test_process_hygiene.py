@@ -135,3 +135,77 @@ def _worker_group_built(lines: list[str]) -> bool:
     """A worker runs a method that comes after its group's set-up (its rendezvous store and process group open)."""
     methods = {line.split()[0].partition(".")[2] for line in lines if line.startswith("ray::TrainWorker.")}
     return bool(methods - {"rendezvous_address", "setup", "__ray_call__"})
+
+
+def test_ctrl_c_on_its_terminal_stops_unirl_train_within_10_s_keeping_its_last_commit(tmp_path):
+    """`unirl train demo` (2 Ray workers, Prefect's temporary server) on a pty that is its controlling terminal;
+    Ctrl-C typed there once a step is committed (the kernel sends SIGINT to the whole foreground process group,
+    Ray's and Prefect's processes included, as a terminal does). Within 10 s every process of the command is gone,
+    the exit code is 130, one line says which checkpoint is kept and which command goes on from it, and that
+    checkpoint is whole (every file its record lists, with its size and CRC-32). flows/interrupt.py."""
+    import fcntl
+    import pty
+    import re
+    import termios
+    import threading
+
+    from unirl_core.worker.checkpoint import CheckpointManager
+
+    home = tempfile.mkdtemp(prefix="unirl-", dir="/tmp")  # short: Ray's sockets go under it
+    out = tmp_path / "out"
+    env = {**os.environ, "UNIRL_HOME": home, "PREFECT_HOME": str(tmp_path / "prefect"), "COLUMNS": "100"}
+    for name in ("PREFECT_API_URL", "RAY_ADDRESS"):
+        env.pop(name, None)  # a first-time user's run: Prefect's temporary server, a local Ray
+    command = [UNIRL, "train", "demo", "--steps", "50", "--checkpoint-every", "1", "--set", f"train.output_dir={out}"]
+    primary, secondary = pty.openpty()
+    process = subprocess.Popen(command, stdin=secondary, stdout=secondary, stderr=secondary, env=env,
+                               start_new_session=True, preexec_fn=lambda: fcntl.ioctl(0, termios.TIOCSCTTY, 0))  # fmt: skip
+    os.close(secondary)
+    output = bytearray()
+
+    def drain() -> None:
+        while True:
+            try:
+                chunk = os.read(primary, 65536)
+            except OSError:  # EIO: every holder of the terminal has exited
+                return
+            if not chunk:
+                return
+            output.extend(chunk)
+
+    reader = threading.Thread(target=drain, daemon=True)
+    reader.start()
+    started = set()
+    try:
+        committed = out / "checkpoints" / "step_00000001" / "trainer_state.json"
+        deadline = time.monotonic() + 300
+        while not committed.is_file():
+            assert process.poll() is None and time.monotonic() < deadline, output.decode(errors="replace")[-3000:]
+            time.sleep(0.05)
+        started = identities(tree(process.pid))
+        assert any("raylet" in line for _, _, line in started) and any("uvicorn" in line for _, _, line in started)
+        typed = time.monotonic()
+        os.write(primary, b"\x03")  # Ctrl-C
+        code = process.wait(timeout=60)
+        while still_running(started) and time.monotonic() - typed < GONE_WITHIN_S:
+            time.sleep(0.05)
+        seconds = time.monotonic() - typed
+    finally:
+        if process.poll() is None:
+            os.killpg(process.pid, signal.SIGKILL)
+        reader.join(timeout=10)
+        os.close(primary)
+        shutil.rmtree(home, ignore_errors=True)
+    text = output.decode(errors="replace").replace("\r", "")
+    assert code == 130, text[-3000:]
+    assert not still_running(started), f"still running {seconds:.1f} s after Ctrl-C: {still_running(started)}"
+    assert seconds < GONE_WITHIN_S
+    lines = [line for line in text.splitlines() if line.startswith("interrupted:")]
+    assert len(lines) == 1, text[-3000:]
+    kept = re.fullmatch(
+        r"interrupted: kept checkpoint (step_\d{8}) \((.+)\); rerun `(.+)` to go on from there", lines[0]
+    )
+    assert kept and kept.group(3) == " ".join(["unirl", *command[1:]]), lines[0]
+    CheckpointManager.verify(out / "checkpoints" / kept.group(1))  # whole: nothing half-written
+    assert "Traceback" not in text and "Error logging to API" not in text
+    print(f"exit {code} and all gone {seconds:.2f} s after Ctrl-C; {lines[0]}")

@@ -45,6 +45,37 @@ def test_validate_refuses_what_train_would_refuse_from_the_recipe_alone():
     )
 
 
+def test_validate_refuses_a_model_folder_the_family_cannot_load(tmp_path):
+    """`train.model.path` is checked from the folder's model_index.json and subfolders (no weights read): a wrong
+    path, a folder that is not a pipeline, another family's pipeline, a missing component, a tiny of another
+    family, a hub id not in the cache. Each is one line naming the key and what to do."""
+    from unirl_core.models.registry import resolve_model_path
+
+    def refused(path: str, *more: str) -> str:
+        result = run("validate", "demo", "--set", f"train.model.path={path}", *more)
+        assert result.exit_code == 2 and result.stdout == "", result.output
+        assert "Traceback" not in result.output
+        return result.stderr
+
+    assert "train.model.path: '/no/such/sd35' is not a folder; point it at a diffusers StableDiffusion3Pipeline " \
+        "folder (model_index.json, transformer/, vae/, ...)" in refused("/no/such/sd35")  # fmt: skip
+    assert f"{str(tmp_path)!r} has no model_index.json, so it is not a diffusers" in refused(str(tmp_path))
+    sd15 = resolve_model_path("tiny:sd15")
+    assert "is a StableDiffusionPipeline folder but family 'sd3' loads StableDiffusion3Pipeline; set " \
+        "train.model.family" in refused(sd15)  # fmt: skip
+    broken = tmp_path / "broken"
+    (broken / "vae").mkdir(parents=True)
+    (broken / "model_index.json").write_text(json.dumps({
+        "_class_name": "StableDiffusion3Pipeline", "transformer": ["diffusers", "SD3Transformer2DModel"],
+        "vae": ["diffusers", "AutoencoderKL"], "text_encoder": [None, None]}))  # fmt: skip
+    assert f"train.model.path: {str(broken)!r} lacks transformer/ (a complete" in refused(str(broken))
+    assert "'tiny:sd15' is the tiny sd15 model but train.model.family is 'sd3'; use tiny:sd3" in refused("tiny:sd15")
+    assert "'nobody/not-a-model' is neither a local folder nor in the Hugging Face cache; download it" in refused(
+        "nobody/not-a-model"
+    )
+    assert run("validate", "demo", "--set", f"train.model.path={resolve_model_path('tiny:sd3')}").exit_code == 0
+
+
 def test_a_full_or_read_only_disk_is_one_error_line_naming_the_path(monkeypatch, tmp_path):
     """An OSError no retry can fix, raised anywhere under a command, is printed like a UserError (simulated here:
     `load_recipe` raising ENOSPC for a path; the real disk-full runs are tests/e2e/test_disk_full.py)."""

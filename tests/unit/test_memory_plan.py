@@ -103,10 +103,16 @@ def test_unirl_plan_prints_the_plan_and_refuses_a_mismatched_variant(tmp_path):
 
 
 @pytest.mark.parametrize("recipe", sorted(RECIPES))
-def test_packaged_family_recipes_plan_at_their_real_size(recipe, monkeypatch, tmp_path):
+def test_packaged_family_recipes_plan_at_their_real_size_before_any_location_is_set(recipe, monkeypatch):
+    """The plan reads no data, reward or weights: the recipe's unset locations (MODEL_PATH, DATA_PATH, CLIP_PATH)
+    are named, not refused; without --variant, an unset MODEL_PATH is the one thing asked for."""
     for name in ("MODEL_PATH", "DATA_PATH", "CLIP_PATH"):
-        monkeypatch.setenv(name, str(tmp_path / name.lower()))
+        monkeypatch.delenv(name, raising=False)
     result = CliRunner().invoke(app, ["plan", recipe, "--variant", RECIPES[recipe]])
     assert result.exit_code == 0, result.output
     training = float(result.stdout.split("training: ")[1].split(" GiB")[0])
     assert 1 < training < 80, result.stdout  # each recipe's batch is sized to fit an 80 GB GPU
+    assert "not set, and not needed for the plan: " in result.stdout and "MODEL_PATH" in result.stdout
+    result = CliRunner().invoke(app, ["plan", recipe])
+    assert result.exit_code == 2 and result.stderr.startswith("error: train.model.path comes from MODEL_PATH, which is")
+    assert f"pass --variant, one of: {RECIPES[recipe]}" in result.stderr or RECIPES[recipe] in result.stderr

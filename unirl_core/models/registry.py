@@ -5,6 +5,7 @@
     register(MyFamily)                        -> MyFamily under MyFamily.name, in this process
     build_family(model, sampling, device)     -> the loaded model the loop drives
     resolve_model_path("tiny:sd3")            -> a tiny pipeline folder in the workspace (built once)
+    model_path_problems("sd3", path)          -> why `train.model.path` cannot load as the family's pipeline
 
 Adding a family: one folder in `models/families/` (see its __init__.py); BUILT_IN finds it.
 """
@@ -12,6 +13,8 @@ Adding a family: one folder in `models/families/` (see its __init__.py); BUILT_I
 from __future__ import annotations
 
 import importlib
+import json
+import re
 from pathlib import Path
 
 import torch
@@ -115,6 +118,61 @@ def resolve_model_path(path: str) -> str:
         finally:
             shutil.rmtree(partial, ignore_errors=True)
     return str(folder)
+
+
+_HUB_ID = re.compile(r"[A-Za-z0-9][\w.-]*/[\w.-]+")
+MODEL_PATH = "train.model.path"
+
+
+def model_path_problems(family: str, path: str) -> list[str]:
+    """Why `path` (the recipe's `train.model.path`) cannot load as `family`'s pipeline, from the folder's
+    model_index.json and subfolders alone (no weights read, no diffusers import): `unirl validate` and a round's
+    start report them. `tiny:<family>` must name the same family; a hub id must be in the local Hugging Face cache."""
+    cls = family_class(family)
+    expected = f"a diffusers {cls.pipeline_class} folder (model_index.json, {cls.denoiser_name}/, vae/, ...)"
+    if path.startswith("tiny:"):
+        tiny = path.split(":", 1)[1]
+        if tiny != family:
+            return [f"{MODEL_PATH}: {path!r} is the tiny {tiny} model but train.model.family is {family!r}; use "
+                    f"tiny:{family}"]  # fmt: skip
+        return []
+    folder = Path(path).expanduser()
+    if not folder.exists() and _HUB_ID.fullmatch(path):
+        cached = _hub_snapshot(path)
+        if cached is None:
+            return [f"{MODEL_PATH}: {path!r} is neither a local folder nor in the Hugging Face cache; download it "
+                    f"(`hf download {path} --local-dir DIR`) and set {MODEL_PATH} to DIR"]  # fmt: skip
+        folder = cached
+    if not folder.is_dir():
+        return [f"{MODEL_PATH}: {path!r} is not a folder; point it at {expected}"]
+    index = folder / "model_index.json"
+    try:
+        components = json.loads(index.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        return [f"{MODEL_PATH}: {path!r} has no model_index.json, so it is not {expected}"]
+    except (OSError, ValueError) as exc:
+        return [f"{MODEL_PATH}: {index} cannot be read as JSON ({exc})"]
+    problems = []
+    if components.get("_class_name") != cls.pipeline_class:
+        problems.append(f"{MODEL_PATH}: {path!r} is a {components.get('_class_name')} folder but family {family!r} "
+                        f"loads {cls.pipeline_class}; set train.model.family to the folder's family")  # fmt: skip
+    listed = {name for name, spec in components.items() if isinstance(spec, list) and spec and spec[0] is not None}
+    missing = sorted({cls.denoiser_name} - set(components)) + sorted(n for n in listed if not (folder / n).is_dir())
+    if missing:
+        problems.append(f"{MODEL_PATH}: {path!r} lacks {', '.join(f'{name}/' for name in missing)} (a complete "
+                        f"{cls.pipeline_class} folder has every component its model_index.json lists)")  # fmt: skip
+    return problems
+
+
+def _hub_snapshot(repo_id: str) -> Path | None:
+    """The cached snapshot folder of hub model `repo_id`, or None: nothing is downloaded."""
+    from huggingface_hub import snapshot_download
+    from huggingface_hub.errors import LocalEntryNotFoundError
+
+    try:
+        return Path(snapshot_download(repo_id, local_files_only=True))
+    except (LocalEntryNotFoundError, ValueError, OSError):
+        return None
 
 
 def build_family(model_config, sampling_config, device: str = "cpu") -> Family:

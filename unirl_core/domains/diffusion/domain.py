@@ -104,14 +104,15 @@ class DiffusionDomain(Domain):
 
     @classmethod
     def start_problems(cls, config) -> list[str]:
-        """Image sizes the family's latent grid cannot hold; an unknown family."""
-        from unirl_core.models.registry import UnknownFamilyError, family_class
+        """An unknown family; a model folder the family cannot load (`registry.model_path_problems`); image sizes
+        the family's latent grid cannot hold."""
+        from unirl_core.models.registry import UnknownFamilyError, family_class, model_path_problems
 
         try:
             factor = family_class(config.model.family).latent_stride
         except UnknownFamilyError as exc:
             return [f"train.model.family: {exc}"]
-        return [
+        return model_path_problems(config.model.family, config.model.path) + [
             f"train.sampling.{key}: {getattr(config.sampling, key)} must be a multiple of {factor} (the "
             f"{config.model.family} family's pixels per latent token: VAE stride x patch size)"
             for key in ("height", "width")
