@@ -1,4 +1,4 @@
-# The documented commands (README "Commands"). `make test` is what CI runs.
+# The documented commands (docs/commands.md). `make test` is what CI runs.
 PYTHON ?= python3
 VENV   := .venv
 BIN    := $(VENV)/bin
@@ -13,7 +13,7 @@ export PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS := 120
 export DO_NOT_TRACK := 1
 export PREFECT_SERVER_ANALYTICS_ENABLED := false
 
-.PHONY: install test test-fast lint format clean demo serve ui-check gpu-check wheelhouse
+.PHONY: install test test-fast lint format clean demo serve ui-check gpu-check wheelhouse docs
 
 install: $(STAMP)
 
@@ -38,6 +38,11 @@ format: install
 TEST_WORKERS ?= 2
 test: lint
 	$(BIN)/python -m pytest -n $(TEST_WORKERS) --dist loadfile
+
+# docs/: the generated pages (README -> index, the CLI and recipe references), then the site in strict mode (site/).
+docs: install
+	$(BIN)/python tools/docs.py
+	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict --quiet
 
 # The quick loop: every test that starts no service (no Prefect harness, no Ray, no `unirl serve`), without the lint.
 test-fast: install

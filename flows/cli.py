@@ -14,7 +14,6 @@ from __future__ import annotations
 import json
 import os
 import sys
-from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated
 
@@ -144,27 +143,14 @@ def validate(
 _UNSET = "unset:"
 
 
-class _UnsetNamed(Mapping):
-    """The environment, where a variable that is not set reads as `unset:NAME` (names collected in `unset`):
-    `unirl plan` works from a recipe whose data, reward and model locations are still to be given."""
+def _named_unset(unset: set[str]):
+    """For `load_recipe(unset=...)`: a variable neither set nor defaulted reads `unset:NAME` and is collected."""
 
-    def __init__(self, unset: set[str]):
-        self.unset = unset
-
-    def __getitem__(self, name: str) -> str:
-        if name in os.environ:
-            return os.environ[name]
-        self.unset.add(name)
+    def value(name: str) -> str:
+        unset.add(name)
         return f"{_UNSET}{name}"
 
-    def __contains__(self, name: object) -> bool:
-        return True
-
-    def __iter__(self):
-        return iter(os.environ)
-
-    def __len__(self) -> int:
-        return len(os.environ)
+    return value
 
 
 @app.command()
@@ -184,7 +170,7 @@ def plan(
     from unirl_core.models.registry import family_class, resolve_model_path
 
     unset: set[str] = set()
-    loaded = load_recipe(recipe, set_ or [], env=_UnsetNamed(unset))  # the plan reads no data, rewards or weights
+    loaded = load_recipe(recipe, set_ or [], unset=_named_unset(unset))  # the plan reads no data, rewards, weights
     if loaded.train is None:
         raise _fail(f"error: recipe {recipe} has no `train` section")
     config = loaded.train

@@ -2,7 +2,7 @@
 and SD1.x: GRPO with LoRA on its tiny model gives its golden per-step metrics (rewards, advantages, ratio, KL, loss,
 gradient norm, learning rate at each of 4 steps of seed 0, rewarded with brightness; tests/support/goldens.py), the first update's ratio is
 exactly 1, and a run stopped mid-way resumes to the uninterrupted result bitwise. That GRPO raises each family's
-reward over seeds 0-2 is measured by `benchmarks/algorithms.py --family <f> --only grpo` (README's table); the
+reward over seeds 0-2 is measured by `benchmarks/algorithms.py --family <f> --only grpo` (docs/benchmarks.md); the
 learning tests that run in `make test` are tests/integration/test_rl_learns.py (SD3 and SD1.x). The whole chain on
 each family is tests/integration/test_family_chains.py; each family's own file (`test_family_<name>.py`) checks its
 sampler against the stock diffusers pipeline, its log-probs, conditioning and exports.

@@ -69,7 +69,7 @@ class AlgorithmConfig(StrictModel):
     name: str = "grpo"
     """The algorithm: a built-in name (`unirl_core.algorithms.registry.BUILT_IN`: grpo, reinforce, flow_grpo_fast,
     mixgrpo, mixgrpo_flash, dancegrpo, grpo_guard, flow_dppo, diffusion_nft) or an `Algorithm` subclass in any
-    importable module as `package.module:ClassName`. README "Algorithms" compares them."""
+    importable module as `package.module:ClassName`. docs/algorithms.md compares them."""
 
     @model_validator(mode="before")
     @classmethod

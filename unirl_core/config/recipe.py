@@ -12,7 +12,7 @@ import os
 import re
 import types
 import typing
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
@@ -86,8 +86,14 @@ def resolve_recipe_path(ref: str | os.PathLike) -> Path:
     )
 
 
-def load_recipe(ref: str | os.PathLike, overrides: Sequence[str] = (), env: Mapping[str, str] | None = None) -> Recipe:
-    """Load, interpolate, override and validate a recipe. Raises RecipeError listing every problem."""
+def load_recipe(
+    ref: str | os.PathLike,
+    overrides: Sequence[str] = (),
+    env: Mapping[str, str] | None = None,
+    unset: Callable[[str], str] | None = None,
+) -> Recipe:
+    """Load, interpolate, override and validate a recipe. Raises RecipeError listing every problem. `unset(NAME)`
+    gives the value of a `${env:NAME}` that is neither set nor defaulted (default: that is a problem)."""
     path = resolve_recipe_path(ref)
     try:
         tree = yaml.load(path.read_text(encoding="utf-8"), Loader=_UniqueKeyLoader)
@@ -97,7 +103,7 @@ def load_recipe(ref: str | os.PathLike, overrides: Sequence[str] = (), env: Mapp
     if not isinstance(tree, dict):
         raise RecipeError(str(path), [RecipeIssue("", tree, "a recipe is a YAML mapping of sections")])
     tree.setdefault("name", path.stem)
-    return recipe_from_tree(tree, overrides, env=env, source=str(path))
+    return recipe_from_tree(tree, overrides, env=env, source=str(path), unset=unset)
 
 
 def recipe_from_tree(
@@ -105,12 +111,13 @@ def recipe_from_tree(
     overrides: Sequence[str] = (),
     env: Mapping[str, str] | None = None,
     source: str = "<recipe>",
+    unset: Callable[[str], str] | None = None,
 ) -> Recipe:
     issues: list[RecipeIssue] = []
     tree = copy.deepcopy(dict(tree))
     for override in overrides:  # first, so an override replaces a value whose variable is unset
         apply_override(tree, override, issues)
-    tree = interpolate_env(tree, os.environ if env is None else env, issues)
+    tree = interpolate_env(tree, os.environ if env is None else env, issues, unset=unset)
     _merge_precache_file(tree, issues)
     if issues:
         raise RecipeError(source, issues)
@@ -161,12 +168,12 @@ def dump_resolved(recipe: Recipe) -> str:
     return yaml.safe_dump(recipe.model_dump(mode="json"), sort_keys=False, allow_unicode=True)
 
 
-def interpolate_env(node: Any, env: Mapping[str, str], issues: list[RecipeIssue], path: str = "") -> Any:
-    """Replace `${env:NAME}` and `${env:NAME,default}` in every string of the tree."""
+def interpolate_env(node: Any, env: Mapping[str, str], issues: list[RecipeIssue], path: str = "", unset=None) -> Any:
+    """Replace `${env:NAME}` and `${env:NAME,default}` in every string of the tree (`unset`: see load_recipe)."""
     if isinstance(node, dict):
-        return {k: interpolate_env(v, env, issues, _join(path, str(k))) for k, v in node.items()}
+        return {k: interpolate_env(v, env, issues, _join(path, str(k)), unset) for k, v in node.items()}
     if isinstance(node, list):
-        return [interpolate_env(v, env, issues, _join(path, str(i))) for i, v in enumerate(node)]
+        return [interpolate_env(v, env, issues, _join(path, str(i)), unset) for i, v in enumerate(node)]
     if not isinstance(node, str):
         return node
 
@@ -176,6 +183,8 @@ def interpolate_env(node: Any, env: Mapping[str, str], issues: list[RecipeIssue]
             return env[name]
         if default is not None:
             return default
+        if unset is not None:
+            return unset(name)
         issues.append(
             RecipeIssue(
                 path,

@@ -2,7 +2,7 @@
 whole units with its own `download_num_threads` fetch threads.
 
 A process has its own interpreter lock, so the Python half of every row (urllib3, the reorder buffer, tar, JSON and
-parquet writing) runs on every core at once instead of taking turns in one process (README, Speed: 1.6 -> 1.95 of
+parquet writing) runs on every core at once instead of taking turns in one process (docs/ingest.md, Speed: 1.6 -> 1.95 of
 2 cores busy). Outside `unit_processes`, `run_unit` runs the unit in the calling process, as before.
 
 - The workers fork from multiprocessing's forkserver, which imports the ingest modules once, so a pool starts in
@@ -17,7 +17,7 @@ parquet writing) runs on every core at once instead of taking turns in one proce
   before `run_unit` returns.
 - Overlap: `processes` units take rows at a time; once every row of a unit has started, the next unit starts in
   another worker while the last rows finish. Without it each unit ended with its slowest rows alone: on the open
-  internet a dead host's timeout (README, Slow and dead hosts).
+  internet a dead host's timeout (docs/ingest.md, Slow and dead hosts).
 - Head start (`head_start`, used by `unirl ingest`): the plan and the first `processes` units start before the
   command imports Prefect and creates its flow run (~1.5 s of one core, the others idle); the flow's
   `unit_processes` takes that pool and its tasks take the units already running. The plan is committed first, as

@@ -19,7 +19,7 @@ kept conversations, video frames, file order, batch keys, `max_latent_size` 32) 
 read, a config BAGEL's dataset constructors would refuse: a group without `num_used_data`, a `t2i_pretrain` entry
 with `parquet_info_path` (T2IIterableDataset has no such argument), a `unified_edit` entry without it, a `vlm_sft`
 group without `frame_sampler_args` (both required arguments there). `seed` defaults to 42 (BAGEL's `data_seed`).
-`target: unirl` keeps this project's own choices (README, "BAGEL data") and defaults `seed` to 0.
+`target: unirl` keeps this project's own choices (docs/bagel.md) and defaults `seed` to 0.
 
 Relative paths are resolved against the YAML's folder. Unknown keys are errors naming the allowed ones. The models
 stand on the shared config base (StrictModel): assignments are validated too, and a weight must be finite.
