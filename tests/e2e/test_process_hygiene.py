@@ -137,16 +137,20 @@ def _worker_group_built(lines: list[str]) -> bool:
     return bool(methods - {"rendezvous_address", "setup", "__ray_call__"})
 
 
+# A new session whose controlling terminal is stdin (the pty), then the command in this same process, as a login
+# shell starts it: the terminal's Ctrl-C then goes to the command's process group. (No preexec_fn: the test process
+# has threads.)
+CONTROLLING_TERMINAL = "import fcntl, os, sys, termios; os.setsid(); fcntl.ioctl(0, termios.TIOCSCTTY, 0); os.execv(sys.argv[1], sys.argv[1:])"
+
+
 def test_ctrl_c_on_its_terminal_stops_unirl_train_within_10_s_keeping_its_last_commit(tmp_path):
     """`unirl train demo` (2 Ray workers, Prefect's temporary server) on a pty that is its controlling terminal;
     Ctrl-C typed there once a step is committed (the kernel sends SIGINT to the whole foreground process group,
     Ray's and Prefect's processes included, as a terminal does). Within 10 s every process of the command is gone,
     the exit code is 130, one line says which checkpoint is kept and which command goes on from it, and that
     checkpoint is whole (every file its record lists, with its size and CRC-32). flows/interrupt.py."""
-    import fcntl
     import pty
     import re
-    import termios
     import threading
 
     from unirl_core.worker.checkpoint import CheckpointManager
@@ -158,8 +162,8 @@ def test_ctrl_c_on_its_terminal_stops_unirl_train_within_10_s_keeping_its_last_c
         env.pop(name, None)  # a first-time user's run: Prefect's temporary server, a local Ray
     command = [UNIRL, "train", "demo", "--steps", "50", "--checkpoint-every", "1", "--set", f"train.output_dir={out}"]
     primary, secondary = pty.openpty()
-    process = subprocess.Popen(command, stdin=secondary, stdout=secondary, stderr=secondary, env=env,
-                               start_new_session=True, preexec_fn=lambda: fcntl.ioctl(0, termios.TIOCSCTTY, 0))  # fmt: skip
+    process = subprocess.Popen([sys.executable, "-c", CONTROLLING_TERMINAL, *command], stdin=secondary, stdout=secondary,
+                               stderr=secondary, env=env)  # fmt: skip
     os.close(secondary)
     output = bytearray()
 
