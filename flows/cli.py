@@ -492,7 +492,8 @@ def demo(
     os.environ.setdefault("INPUT_PARQUET", str(parquet))
     os.environ.setdefault("DATA_PATH", demo_prompts(family, source, rows))
     typer.echo(f"synthetic dataset: {parquet} ({rows} good rows + 3 bad ones)")
-    _run_pipeline(_recipe("pipeline_demo", [*overrides, *(set_ or [])]))
+    named = [] if family == "sd3" else [f"name=pipeline_demo_{family}"]  # its own outputs and registered model
+    _run_pipeline(_recipe("pipeline_demo", [*named, *overrides, *(set_ or [])]))
 
 
 def demo_prompts(family: str, folder: Path, rows: int) -> str:

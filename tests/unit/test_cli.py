@@ -265,6 +265,23 @@ def test_families_lists_every_family_and_demo_refuses_an_unknown_one():
     assert result.exit_code == 2 and "--family: model family 'sd4' is unknown" in result.stderr
 
 
+def test_demo_of_another_family_has_its_own_outputs_and_registered_model(monkeypatch, tmp_path):
+    """`unirl demo --family flux` after `unirl demo`: its own dataset, run folder and model name, never the SD3
+    run's (whose checkpoints another family could not resume). The pipeline itself is not run here (replaced by a
+    recorder; tests/integration/test_family_chains.py runs the chain on every family)."""
+    import flows.cli
+
+    recipes = []
+    monkeypatch.setenv("UNIRL_HOME", str(tmp_path / "home"))
+    monkeypatch.setattr(flows.cli, "_run_pipeline", recipes.append)
+    for family in ("sd3", "flux"):
+        assert run("demo", "--family", family, "--rows", "8").exit_code == 0
+    sd3, flux = recipes
+    assert (sd3.name, flux.name) == ("pipeline_demo", "pipeline_demo_flux")
+    assert flux.train.model.family == "flux" and flux.train.output_dir.endswith("outputs/pipeline_demo_flux")
+    assert sd3.ingest.dataset_output_root != flux.ingest.dataset_output_root
+
+
 def test_workspace_follows_unirl_home(tmp_path):
     result = run("workspace", env={"UNIRL_HOME": str(tmp_path / "ws"), "MLFLOW_TRACKING_URI": ""})
     assert result.exit_code == 0, result.output
