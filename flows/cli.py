@@ -281,6 +281,7 @@ def ingest(
 
     prestart()  # the workers' forkserver imports the ingest modules while this process reads the recipe
     config = _recipe_section(recipe, set_, "ingest")
+    _refuse_missing_local_inputs(config)
     from tasks.progress import report
 
     # the plan and the first units start while Prefect is imported; their rows show at once
@@ -289,6 +290,16 @@ def ingest(
 
         summary = ingest_flow(config)
     _print_summary(summary)
+
+
+def _refuse_missing_local_inputs(config) -> None:
+    """A local input pattern that matches no file is refused before Prefect starts (remote ones are listed by the
+    flow's plan task, which retries what a retry may fix)."""
+    from unirl_core.ingest.plan import list_inputs
+    from unirl_core.io import storage
+
+    if config.download_parquet.enable:
+        list_inputs([p for p in config.download_parquet.parquet_pattern if not storage.is_url(p)])
 
 
 @app.command(context_settings={"allow_extra_args": False})
@@ -535,6 +546,8 @@ def demo_family_overrides(family: str) -> list[str]:
 
 
 def _run_pipeline(recipe) -> None:
+    if recipe.ingest is not None:
+        _refuse_missing_local_inputs(recipe.ingest)
     from rich.markdown import Markdown
 
     from flows.pipeline import pipeline, report

@@ -64,19 +64,32 @@ def _fresh_machine_env(tmp_path: Path) -> dict:
 
 @pytest.mark.slow
 def test_a_runtime_error_is_one_line_and_the_libraries_talk_to_the_log_file(tmp_path):
-    """`unirl ingest` on a missing input on a fresh machine (Prefect starts its temporary server and creates its
-    database): the terminal shows the one error line (no Prefect log lines, traceback, "database is locked" or
-    telemetry failure); the command's log file holds Prefect's lines and the error's traceback."""
+    """`unirl ingest` on a fresh machine, twice. A local input pattern matching no file is refused before Prefect
+    starts: one line, exit 2, no temporary server, no database. An input that is there but not a parquet file fails
+    inside the flow (Prefect starts its temporary server and creates its database): the terminal shows the one error
+    line (no Prefect log lines, traceback, "database is locked" or telemetry failure); the command's log file holds
+    Prefect's lines and the error's traceback."""
+
+    def ingest(pattern: str):
+        recipe = tmp_path / "ingest.yaml"
+        recipe.write_text(json.dumps({"ingest": {"dataset_output_root": str(tmp_path / "out"),
+                                                 "download_parquet": {"parquet_pattern": pattern}}}))  # fmt: skip
+        return subprocess.run([UNIRL, "ingest", str(recipe)], capture_output=True, text=True, timeout=300,
+                              env=_fresh_machine_env(tmp_path))  # fmt: skip
+
     pattern = str(tmp_path / "nothing" / "*.parquet")
-    recipe = tmp_path / "ingest.yaml"
-    recipe.write_text(json.dumps({"ingest": {"dataset_output_root": str(tmp_path / "out"),
-                                             "download_parquet": {"parquet_pattern": pattern}}}))  # fmt: skip
-    result = subprocess.run([UNIRL, "ingest", str(recipe)], capture_output=True, text=True, timeout=300,
-                            env=_fresh_machine_env(tmp_path))  # fmt: skip
-    assert result.returncode == 2
+    result = ingest(pattern)
+    assert result.returncode == 2 and result.stdout == ""
     assert result.stderr == f"error: download_parquet.parquet_pattern '{pattern}' matches no file\n"
-    assert result.stdout == ""
-    [log] = (tmp_path / "home" / "logs").glob("*-ingest-*.log")
+    assert not (tmp_path / "prefect").exists() and not list((tmp_path / "home").glob("logs/*.log"))  # no Prefect
+
+    (tmp_path / "inputs").mkdir()
+    (tmp_path / "inputs" / "rows.parquet").write_bytes(b"not a parquet file" * 8)
+    result = ingest(str(tmp_path / "inputs" / "*.parquet"))
+    assert result.returncode == 2
+    assert result.stderr.startswith(f"error: {tmp_path / 'inputs' / 'rows.parquet'}: not a readable parquet file")
+    assert result.stderr.count("\n") == 1 and result.stdout == ""
+    [log] = (tmp_path / "home").glob("logs/*-ingest-*.log")
     text = log.read_text()
     assert "Starting temporary server" in text and "Traceback" in text and "IngestInputError" in text
     assert "telemetry" not in text.lower()  # never attempted: the command turns it off
