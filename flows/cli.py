@@ -392,7 +392,7 @@ def _train_rounds(recipe, local: bool = False) -> None:
     rounds = plan_rounds(config)
     interrupt.keep(lambda: _kept_checkpoint(config))
     typer.echo(
-        f"training {domain_class(config.domain.name).title(config)}: {len(rounds)} rounds "
+        f"training {domain_class(config.domain.name).title(config)}: {len(rounds)} round{'' if len(rounds) == 1 else 's'} "
         f"({config.warmup.steps} warm-up + {config.steps} RL steps) on "
         f"{'1 rank in this process' if local else f'{config.ray.workers} workers'}, "
         f"{config.data.prompts_per_rollout} prompts x {config.sampling.samples_per_prompt} samples per step; "

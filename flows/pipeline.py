@@ -48,21 +48,27 @@ def pipeline(recipe: Recipe) -> PipelineSummary:
     return summary
 
 
+def _encoded(samples: int, encoded: int) -> str:
+    if encoded == samples:
+        return f"{samples} samples encoded"
+    return f"{samples} samples reused" if not encoded else f"{samples} samples ({encoded} encoded, the rest reused)"
+
+
 def report(summary: PipelineSummary) -> str:
     """The stage table and where the results are (markdown; the `unirl run` command prints it too)."""
     ingest, precache, train, seconds = summary.ingest, summary.precache, summary.train, summary.seconds
     lines = ["| stage | result | seconds |", "|---|---|---|"]
     if ingest:
-        lines.append(f"| ingest | {ingest.ok} of {ingest.rows} rows ok, {ingest.skipped} skipped, {ingest.shards} "
-                     f"shards | {seconds['ingest']:.1f} |")  # fmt: skip
+        reused = " (reused)" if ingest.units and not ingest.new_units else ""
+        lines.append(f"| ingest | {ingest.ok} of {ingest.rows} rows ok{reused}, {ingest.skipped} skipped, "
+                     f"{ingest.shards} shards | {seconds['ingest']:.1f} |")  # fmt: skip
     if precache:
-        lines.append(
-            f"| precache | {precache.samples} samples encoded, {precache.skipped} skipped | {seconds['precache']:.1f} |"
-        )
+        lines.append(f"| precache | {_encoded(precache.samples, precache.encoded)}, {precache.skipped} skipped | "
+                     f"{seconds['precache']:.1f} |")  # fmt: skip
     if train:
-        lines.append(
-            f"| train | {len(train.rounds)} rounds, model version {train.model_version} | {seconds['train']:.1f} |"
-        )
+        reused = " (reused)" if train.rounds and all(r.skipped for r in train.rounds) else ""
+        lines.append(f"| train | {len(train.rounds)} {'round' if len(train.rounds) == 1 else 'rounds'}{reused}, "
+                     f"model version {train.model_version} | {seconds['train']:.1f} |")  # fmt: skip
     lines.append("")
     if ingest:
         lines.append(f"- dataset: `{ingest.dataset}`")

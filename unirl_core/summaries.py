@@ -41,7 +41,8 @@ class PrecacheSummary(_Summary):
     output: str  # the output folder (precache output_dir)
     tasks: int  # NeMo task slices run
     source_samples: int  # samples read from the source shards
-    samples: int  # samples encoded
+    samples: int  # samples in the cache
+    encoded: int = 0  # of those, encoded by this run (the rest were committed before and reused)
     skipped: int  # samples skipped (undecodable, missing modality, ...)
     shards: int  # encoding shards in the index
     samples_in_complete_shards: int  # the index's total_key_count

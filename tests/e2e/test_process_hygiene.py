@@ -1,6 +1,7 @@
-"""Every process a `unirl` command starts dies with it, SIGKILL included (flows/supervise.py): Prefect's temporary API
-server of `unirl ingest`, and the local Ray of `unirl train`, whose every listening socket is on 127.0.0.1 and whose
-session folders are in the workspace."""
+"""Every process a `unirl` command starts dies with it (flows/supervise.py): Prefect's temporary API server of
+`unirl ingest` after a SIGKILL; Prefect's temporary server and the local Ray of `unirl train` (whose every listening
+socket is on 127.0.0.1 and whose session folders are in the workspace) after a Ctrl-C on its terminal, which also
+stops the command within seconds with exit code 130 (flows/interrupt.py)."""
 
 from __future__ import annotations
 
@@ -84,6 +85,7 @@ def on_loopback(ip: str) -> bool:
 
 
 def test_sigkill_of_unirl_ingest_stops_its_temporary_prefect_server(tmp_path):
+    (tmp_path / "rows.parquet").write_bytes(b"not a parquet file")  # there, so the flow starts (and later fails)
     recipe = tmp_path / "ingest.yaml"
     recipe.write_text(json.dumps({"ingest": {"dataset_output_root": str(tmp_path / "out"),
                                              "download_parquet": {"parquet_pattern": str(tmp_path / "*.parquet")}}}))  # fmt: skip
@@ -101,36 +103,6 @@ def test_sigkill_of_unirl_ingest_stops_its_temporary_prefect_server(tmp_path):
     print(f"all gone {seconds:.2f} s after SIGKILL")
 
 
-def test_sigkill_of_unirl_train_stops_its_local_ray_which_listens_on_loopback_only(prefect_harness):
-    """One run, checked twice: while its worker group trains, every listening socket of the command's processes
-    is on 127.0.0.1 and Ray's session folder is in the workspace; after a SIGKILL of the command, everything it
-    started (Ray's gcs_server, raylet, agents, workers) is gone within seconds."""
-    from prefect.settings import PREFECT_API_URL
-
-    home = tempfile.mkdtemp(prefix="unirl-", dir="/tmp")  # short: Ray's sockets go under it
-    env = {**os.environ, "UNIRL_HOME": home, "PREFECT_API_URL": PREFECT_API_URL.value()}
-    env.pop("RAY_ADDRESS", None)
-    command = [UNIRL, "train", "demo", "--steps", "50", "--set", "train.ray.workers=1"]
-    process = subprocess.Popen(command, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    started = set()
-    try:
-        processes = wait_for_descendants(process, _worker_group_built, 180)
-        started = identities(processes)
-        names = " ".join(line for _, _, line in started)
-        assert "gcs_server" in names and "raylet" in names
-        pids = {pid for pid, _, _ in started}
-        listening = [c for c in psutil.net_connections(kind="inet") if c.status == psutil.CONN_LISTEN and c.pid in pids]
-        assert listening
-        assert not [c for c in listening if not on_loopback(c.laddr.ip)], [
-            (c.laddr, psutil.Process(c.pid).cmdline()[:1]) for c in listening if not on_loopback(c.laddr.ip)
-        ]
-        assert list((Path(home) / "ray").glob("session_*/logs")), "Ray's session folder is not in the workspace"
-    finally:
-        seconds = sigkill_and_wait_until_gone(process, started)
-        shutil.rmtree(home, ignore_errors=True)
-    print(f"all gone {seconds:.2f} s after SIGKILL")
-
-
 def _worker_group_built(lines: list[str]) -> bool:
     """A worker runs a method that comes after its group's set-up (its rendezvous store and process group open)."""
     methods = {line.split()[0].partition(".")[2] for line in lines if line.startswith("ray::TrainWorker.")}
@@ -144,11 +116,14 @@ CONTROLLING_TERMINAL = "import fcntl, os, sys, termios; os.setsid(); fcntl.ioctl
 
 
 def test_ctrl_c_on_its_terminal_stops_unirl_train_within_10_s_keeping_its_last_commit(tmp_path):
-    """`unirl train demo` (2 Ray workers, Prefect's temporary server) on a pty that is its controlling terminal;
-    Ctrl-C typed there once a step is committed (the kernel sends SIGINT to the whole foreground process group,
-    Ray's and Prefect's processes included, as a terminal does). Within 10 s every process of the command is gone,
-    the exit code is 130, one line says which checkpoint is kept and which command goes on from it, and that
-    checkpoint is whole (every file its record lists, with its size and CRC-32). flows/interrupt.py."""
+    """`unirl train demo` (a local Ray with its training worker, Prefect's temporary server) on a pty that is its
+    controlling terminal. While it trains, every listening socket of the command's processes is on 127.0.0.1 and
+    Ray's session folder is in the workspace. Ctrl-C typed there once a step is committed (the kernel sends SIGINT to
+    the whole foreground process group, Ray's and Prefect's processes included, as a terminal does): within 10 s
+    every process of the command (gcs_server, raylet, agents, the worker, uvicorn) is gone, the exit code is 130, one
+    line says which checkpoint is kept and which command goes on from it, and that checkpoint is whole (every file
+    its record lists, with its size and CRC-32). flows/interrupt.py; after a SIGKILL the supervisor stops the same
+    processes (flows/supervise.py; the SIGKILL of `unirl ingest` above)."""
     import pty
     import re
     import threading
@@ -160,7 +135,8 @@ def test_ctrl_c_on_its_terminal_stops_unirl_train_within_10_s_keeping_its_last_c
     env = {**os.environ, "UNIRL_HOME": home, "PREFECT_HOME": str(tmp_path / "prefect"), "COLUMNS": "100"}
     for name in ("PREFECT_API_URL", "RAY_ADDRESS"):
         env.pop(name, None)  # a first-time user's run: Prefect's temporary server, a local Ray
-    command = [UNIRL, "train", "demo", "--steps", "50", "--checkpoint-every", "1", "--set", f"train.output_dir={out}"]
+    command = [UNIRL, "train", "demo", "--steps", "50", "--checkpoint-every", "1", "--set", f"train.output_dir={out}",
+               "--set", "train.ray.workers=1"]  # fmt: skip
     primary, secondary = pty.openpty()
     process = subprocess.Popen([sys.executable, "-c", CONTROLLING_TERMINAL, *command], stdin=secondary, stdout=secondary,
                                stderr=secondary, env=env)  # fmt: skip
@@ -181,13 +157,21 @@ def test_ctrl_c_on_its_terminal_stops_unirl_train_within_10_s_keeping_its_last_c
     reader.start()
     started = set()
     try:
-        committed = out / "checkpoints" / "step_00000001" / "trainer_state.json"
+        committed = out / "checkpoints" / "step_00000000" / "trainer_state.json"
         deadline = time.monotonic() + 300
         while not committed.is_file():
             assert process.poll() is None and time.monotonic() < deadline, output.decode(errors="replace")[-3000:]
             time.sleep(0.05)
-        started = identities(tree(process.pid))
-        assert any("raylet" in line for _, _, line in started) and any("uvicorn" in line for _, _, line in started)
+        processes = wait_for_descendants(process, _worker_group_built, 60)
+        started = identities(processes)
+        names = " ".join(line for _, _, line in started)
+        assert "gcs_server" in names and "raylet" in names and "uvicorn" in names
+        pids = {pid for pid, _, _ in started}
+        listening = [c for c in psutil.net_connections(kind="inet") if c.status == psutil.CONN_LISTEN and c.pid in pids]
+        assert listening and not [c for c in listening if not on_loopback(c.laddr.ip)], [
+            (c.laddr, psutil.Process(c.pid).cmdline()[:1]) for c in listening if not on_loopback(c.laddr.ip)
+        ]
+        assert list((Path(home) / "ray").glob("session_*/logs")), "Ray's session folder is not in the workspace"
         typed = time.monotonic()
         os.write(primary, b"\x03")  # Ctrl-C
         code = process.wait(timeout=60)

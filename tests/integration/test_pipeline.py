@@ -28,7 +28,7 @@ def test_synthetic_rows_are_deterministic_and_include_counted_bad_rows():
 def test_pipeline_runs_every_stage_and_a_rerun_redoes_nothing(prefect_harness, tmp_path, monkeypatch):
     from prefect.settings import PREFECT_API_URL
 
-    from flows.pipeline import pipeline
+    from flows.pipeline import pipeline, report
     from unirl_core.config import load_recipe
     from unirl_core.data.synthetic import synthetic_prompts, write_synthetic_parquet
     from unirl_core.summaries import PipelineSummary, TrainSummary
@@ -62,7 +62,12 @@ def test_pipeline_runs_every_stage_and_a_rerun_redoes_nothing(prefect_harness, t
     again = pipeline(recipe)
     assert all(r.skipped for r in again.train.rounds)  # every round already committed
     assert again.train.model_version == train.model_version  # no second registration
-    assert again.precache.samples == 16
+    assert again.precache.samples == 16 and (first.precache.encoded, again.precache.encoded) == (16, 0)
+    table = report(again).splitlines()  # what `unirl run` prints: every stage says it reused its outputs
+    assert (
+        "16 of 19 rows ok (reused)" in table[2] and "16 samples reused" in table[3] and "2 rounds (reused)" in table[4]
+    )
+    assert "16 samples encoded" in report(first).splitlines()[3]
     assert client.get_run(again.train.mlflow_run_id).data.tags["mlflow.parentRunId"] == parent_id  # found again
 
     # `unirl run`, as a user runs it: the stage table from the typed summaries, then each round's mean
@@ -71,7 +76,7 @@ def test_pipeline_runs_every_stage_and_a_rerun_redoes_nothing(prefect_harness, t
     env = {**os.environ, "PREFECT_API_URL": PREFECT_API_URL.value()}
     result = subprocess.run(command, env=env, capture_output=True, text=True, timeout=600)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
-    assert re.search(rf"\btrain\s+2 rounds, model version {train.model_version}\s", result.stdout), result.stdout
+    assert re.search(rf"\btrain\s+2 rounds \(reused\), model version {train.model_version}\s", result.stdout), result.stdout
     assert f"last checkpoint: {train.checkpoint}\n" in result.stdout  # whole paths, never cropped to a width
     assert "warmup round 0: mean warm-up loss" in result.stdout and "over 2 steps" in result.stdout
     assert "rl round 0: mean reward" in result.stdout

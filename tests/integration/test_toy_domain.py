@@ -46,7 +46,7 @@ def test_unirl_train_local_trains_evaluates_exports_and_registers_the_token_poli
     sets = [f"train.output_dir={out}", "train.eval_every_rounds=1", "train.eval_prompts=2"]
     result = CliRunner().invoke(app, ["train", str(RECIPE), "--local", *sum((["--set", s] for s in sets), [])])
     assert result.exit_code == 0, result.output
-    assert "training toy_domain:TokenDomain: 1 rounds" in result.output
+    assert "training toy_domain:TokenDomain: 1 round " in result.output
     rows = rows_of(out)
     assert [row["step"] for row in rows] == list(range(8))
     first, last = (sum(row["reward_mean"] for row in part) / 4 for part in (rows[:4], rows[4:]))

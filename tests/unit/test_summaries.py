@@ -88,7 +88,7 @@ def test_the_pipeline_report_and_the_ingest_table_read_the_typed_summaries(capsy
     train = TrainSummary(rounds=[RoundSummary.model_validate(RL_ROUND)], **final.model_dump())
     text = report(PipelineSummary(ingest=ingest, train=train, seconds={"ingest": 1.0, "train": 2.0}))
     assert "| ingest | 9 of 10 rows ok, 1 skipped, 2 shards | 1.0 |" in text
-    assert "| train | 1 rounds, model version 3 | 2.0 |" in text and "precache" not in text
+    assert "| train | 1 round, model version 3 | 2.0 |" in text and "precache" not in text  # one round, run now
     assert "- registered model: `unirl-demo` version 3 (alias `candidate`)" in text
     _print_summary(ingest)
     printed = capsys.readouterr().out

@@ -150,7 +150,8 @@ def members_for(config: PrecacheConfig, arrays: dict[str, np.ndarray], originals
 def run_task(
     config: PrecacheConfig, task: int, count: int, rank: int = 0, on_samples: Callable[[int], None] | None = None
 ) -> dict:
-    """Precache task `task` of `count`; resumes after its last committed output shard. Returns the done record."""
+    """Precache task `task` of `count`; resumes after its last committed output shard. Returns the done record,
+    with `encoded_now`: the samples this call encoded (the others were committed before)."""
     out = config.output_dir.rstrip("/")
     done_path = f"{out}/t{task}_r{rank}.done.json"
     shards = task_slice(source_shards(config.input_dir), task, count)
@@ -158,7 +159,7 @@ def run_task(
     if storage.exists(done_path):
         done = json.loads(storage.read_text(done_path))
         _check_identity(done["identity"], encoders.identity, done_path)
-        return done
+        return {**done, "encoded_now": 0}
     storage.remove_temporaries(out, f"t{task}_r{rank}_")  # what a killed run of this task was writing
     committed = _committed(out, task, rank, encoders.identity)
     consumed = committed[-1]["source_consumed"] if committed else 0
@@ -187,7 +188,7 @@ def run_task(
         "identity": encoders.identity,
     }
     storage.write_bytes_atomic(done_path, json.dumps(done, indent=1, sort_keys=True).encode())
-    return done
+    return {**done, "encoded_now": sum(r["shard"]["nsamples"] for r in records[len(committed) :])}  # not recorded
 
 
 def _adopt_environment(environment: dict[str, str], worker_id: int) -> None:

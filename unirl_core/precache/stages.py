@@ -49,6 +49,7 @@ def summarize(config: PrecacheConfig, done: list[dict], index: dict, seconds: fl
         tasks=len(done),
         source_samples=sum(d["source_samples"] for d in done),
         samples=samples,
+        encoded=sum(d.get("encoded_now", 0) for d in done),
         skipped=sum(len(d["skipped"]) for d in done),
         shards=len(index["shardlist"]),
         samples_in_complete_shards=index["total_key_count"],
