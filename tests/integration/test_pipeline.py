@@ -76,7 +76,9 @@ def test_pipeline_runs_every_stage_and_a_rerun_redoes_nothing(prefect_harness, t
     env = {**os.environ, "PREFECT_API_URL": PREFECT_API_URL.value()}
     result = subprocess.run(command, env=env, capture_output=True, text=True, timeout=600)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
-    assert re.search(rf"\btrain\s+2 rounds \(reused\), model version {train.model_version}\s", result.stdout), result.stdout
+    assert re.search(rf"\btrain\s+2 rounds \(reused\), model version {train.model_version}\s", result.stdout), (
+        result.stdout
+    )
     assert f"last checkpoint: {train.checkpoint}\n" in result.stdout  # whole paths, never cropped to a width
     assert "warmup round 0: mean warm-up loss" in result.stdout and "over 2 steps" in result.stdout
     assert "rl round 0: mean reward" in result.stdout
