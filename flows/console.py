@@ -166,7 +166,7 @@ class CommandProgress:
         self.train_steps, self.prefect = train_steps, prefect
         self.bar = Progress(
             TextColumn("[bold]{task.description}"),
-            BarColumn(),
+            BarColumn(bar_width=16),  # the line fits 80 columns with its information whole
             MofNCompleteColumn(),
             TextColumn("{task.fields[unit]}"),
             TimeRemainingColumn(),
@@ -187,7 +187,7 @@ class CommandProgress:
             self.bar.start()
         self.start_stage("starting")  # until the first stage reports (imports, Prefect's temporary server)
         if self.prefect and not os.environ.get("PREFECT_API_URL"):
-            self.bar.update(self.current, info="Prefect's temporary server (a running `unirl serve` saves this wait)")
+            self.bar.update(self.current, info="Prefect's temporary server (`unirl serve` saves it)")
         progress.add_listener(self.report)
         return self
 
@@ -236,7 +236,6 @@ class CommandProgress:
         if row["stage"] == "warmup":
             info = f"warm-up loss {row['warmup_loss']:.4f}"
         else:
-            info = f"rl round {row['round']}  reward {row['reward_mean']:+.4f}"
-            info += f"  loss {row['loss']:+.3e}" if isinstance(row.get("loss"), float) else ""
+            info = f"round {row['round']}  reward {row['reward_mean']:+.4f}"  # the step's line has the rest
             info += f"  {row['images_per_s']:.1f} img/s" if row.get("images_per_s") else ""
         self.bar.update(self.current, completed=row["step"] + 1, info=info)

@@ -59,3 +59,35 @@ def test_an_error_line_names_the_type_the_first_line_and_the_log_file(tmp_path, 
         line = console.error_line(exc)
     assert line.splitlines() == ["error: RuntimeError: the worker died", f"  the traceback is in {log}; `unirl --verbose ...` prints it"]  # fmt: skip
     assert "Traceback (most recent call last)" in log.read_text() and "the worker died" in log.read_text()
+
+
+def test_every_state_of_the_display_fits_80_columns_whole(monkeypatch):
+    """On an 80-column terminal each state (starting, ingest at a rate, a warm-up step, an RL step at a long step
+    count) draws on one line of at most 80 characters, its information whole (never cut to `…`)."""
+    from rich.console import Console
+
+    screen = Console(file=io.StringIO(), force_terminal=True, width=80, color_system=None)
+    monkeypatch.setattr(console, "stderr", screen)
+    monkeypatch.delenv("PREFECT_API_URL", raising=False)
+    with console.CommandProgress(train_steps=1200) as display:
+
+        def drawn() -> list[str]:  # the current bar as an 80-column terminal draws it
+            width80 = Console(file=io.StringIO(), force_terminal=True, width=80, color_system=None)
+            width80.print(display.bar.make_tasks_table([display.bar.tasks[display.current]]))
+            return width80.file.getvalue().rstrip("\n").splitlines()
+
+        states = [(drawn(), display.bar.tasks[display.current].fields["info"])]
+        progress.report("stage", "ingest")
+        progress.report("total_rows", 123456)
+        for _ in range(3):
+            progress.report("rows", 40000)
+        states.append((drawn(), display.bar.tasks[display.current].fields["info"]))
+        progress.report("stage", "train")
+        progress.report("train_step", {"step": 7, "stage": "warmup", "round": 0, "warmup_loss": 0.53125})
+        states.append((drawn(), display.bar.tasks[display.current].fields["info"]))
+        rl_row = {"step": 1037, "stage": "rl", "round": 12, "reward_mean": -1.25, "loss": 0.01, "images_per_s": 18.0}
+        progress.report("train_step", rl_row)
+        states.append((drawn(), display.bar.tasks[display.current].fields["info"]))
+    for lines, info in states:
+        assert len(lines) == 1 and len(lines[0]) <= 80 and "…" not in lines[0], lines
+        assert info and info in lines[0], (info, lines)
