@@ -229,3 +229,21 @@ def test_a_folder_or_unknown_protocol_is_a_clean_error(tmp_path):
 def test_user_keys_that_merely_mention_embedding_fold_into_metadata(tmp_path):
     (example,) = load_prompts(write(tmp_path, "m.json", [{"prompt": "a", "style_embedding": "clip"}]))
     assert example.metadata == {"style_embedding": "clip"}
+
+
+def test_every_bad_record_of_a_file_is_in_one_report(tmp_path):
+    """One run names every bad line (up to REPORTED, the count whole), so one edit fixes the file."""
+    from unirl_core.data.prompts import REPORTED
+
+    lines = ['{"prompt": "ok"}', "{not json", '{"prompt": ""}', '{"prompt": "fine"}', '{"caption": 3}']
+    path = write(tmp_path, "many.jsonl", "\n".join(lines))
+    with pytest.raises(PromptDataError) as info:
+        load_prompts(path)
+    report = str(info.value).splitlines()
+    assert report[0] == f"{path}: 3 bad records:"
+    assert [line.split(": ", 1)[0].strip() for line in report[1:]] == [f"{path}, line {n}" for n in (2, 3, 5)]
+    assert "not valid JSON" in report[1] and "non-empty 'prompt'" in report[2]
+    path = write(tmp_path, "worse.jsonl", "\n".join(['{"prompt": ""}'] * (REPORTED + 5)))
+    with pytest.raises(PromptDataError, match=rf"{REPORTED + 5} bad records") as info:
+        load_prompts(path)
+    assert len(str(info.value).splitlines()) == 1 + REPORTED + 1 and str(info.value).endswith("... and 5 more")

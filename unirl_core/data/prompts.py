@@ -78,6 +78,9 @@ class PromptExample:
         }
 
 
+REPORTED = 20  # bad records listed in one error (the count is always whole)
+
+
 def load_prompts(path: str, prompt_key: str = "prompt") -> list[PromptExample]:
     """Read and normalize every prompt of a `.txt`, `.jsonl` or `.json` file (local path or fsspec URL)."""
     path = str(path)
@@ -98,7 +101,21 @@ def load_prompts(path: str, prompt_key: str = "prompt") -> list[PromptExample]:
         raise PromptDataError(f"{path}: cannot open ({exc})") from None
     records = {".txt": _txt_records, ".jsonl": _jsonl_records, ".json": _json_records}[suffix]
     normalizer = _Normalizer(path, prompt_key)
-    examples = [normalizer(raw, index, where) for index, (where, raw) in enumerate(records(path, text, prompt_key))]
+    examples, bad = [], []
+    for index, (where, raw) in enumerate(records(path, text, prompt_key)):
+        try:
+            examples.append(normalizer(raw, index, where))
+        except PromptDataError as exc:
+            bad.append(exc)
+    if len(bad) == 1:
+        raise bad[0]
+    if bad:  # every bad record in one report, so one edit fixes the file
+        listed = "\n  ".join(map(str, bad[:REPORTED]))
+        more = f"\n  ... and {len(bad) - REPORTED} more" if len(bad) > REPORTED else ""
+        kinds = {type(exc) for exc in bad}
+        raise (kinds.pop() if len(kinds) == 1 else PromptDataError)(
+            f"{path}: {len(bad)} bad records:\n  {listed}{more}"
+        )
     if not examples:
         raise PromptDataError(f"{path}: no prompts found")
     normalizer.warn_ignored()
@@ -128,9 +145,14 @@ def _jsonl_records(path: str, text: str, prompt_key: str) -> Iterator[tuple[str,
         if not line.strip():
             continue
         try:
-            yield f"line {number}", json.loads(line)
+            record = json.loads(line)
         except json.JSONDecodeError as exc:
-            raise PromptDataError(f"{path}, line {number}: not valid JSON ({exc.msg} at column {exc.colno})") from None
+            record = _NotJSON(f"not valid JSON ({exc.msg} at column {exc.colno})")
+        yield f"line {number}", record
+
+
+class _NotJSON(str):
+    """A JSONL line that does not parse: reported with the file's other bad records."""
 
 
 def _json_records(path: str, text: str, prompt_key: str) -> Iterator[tuple[str, Any]]:
@@ -172,6 +194,8 @@ class _Normalizer:
         def fail(message: str, error: type[PromptDataError] = PromptDataError) -> None:
             raise error(f"{self.path}, {where}: {message}")
 
+        if isinstance(raw, _NotJSON):
+            fail(str(raw))
         if isinstance(raw, str):
             raw = {"prompt": raw}
         if not isinstance(raw, dict):
