@@ -120,24 +120,23 @@ def _models(annotation) -> list[tuple[str | None, type]]:
     """The pydantic models inside a field's type, each with its discriminator tag (an algorithm's name)."""
     from pydantic import BaseModel
 
-    found = []
-    for arg, tag in _flatten(annotation, None):
-        if isinstance(arg, type) and issubclass(arg, BaseModel):
-            found.append((tag, arg))
-    return found
+    return [
+        (tag, leaf) for leaf, tag, _ in _flatten(annotation) if isinstance(leaf, type) and issubclass(leaf, BaseModel)
+    ]
 
 
-def _flatten(annotation, tag):
+def _flatten(annotation, tag=None, contained=False):
+    """(type, discriminator tag, inside a list/dict/tuple) for each type a field's annotation is made of."""
     origin = typing.get_origin(annotation)
     if origin is typing.Annotated:
         base, *meta = typing.get_args(annotation)
         tags = [getattr(m, "tag", None) for m in meta if getattr(m, "tag", None)]
-        yield from _flatten(base, tags[0] if tags else tag)
+        yield from _flatten(base, tags[0] if tags else tag, contained)
     elif origin in (typing.Union, types.UnionType, list, dict, tuple):
         for arg in typing.get_args(annotation):
-            yield from _flatten(arg, tag)
+            yield from _flatten(arg, tag, contained or origin in (list, dict, tuple))
     else:
-        yield annotation, tag
+        yield annotation, tag, contained or annotation in (list, dict, tuple)
 
 
 def _type_name(annotation) -> str:
@@ -216,23 +215,14 @@ def _recipe_keys() -> tuple[set[str], set[str]]:
         for name, field in model.model_fields.items():
             key = f"{prefix}.{name}" if prefix else name
             keys.add(key)
-            members = _models(field.annotation)
-            origins = {typing.get_origin(a) for a, _ in _flatten_origins(field.annotation)}
-            if origins & {dict, list, tuple} or not members and "dict" in str(field.annotation):
+            if any(contained for _, _, contained in _flatten(field.annotation)):
                 open_keys.add(key)
-            for _, member in members:
+            for _, member in _models(field.annotation):
                 if key.count(".") < 6:
                     walk(key, member)
 
     walk("", Recipe)
     return keys, open_keys
-
-
-def _flatten_origins(annotation):
-    origin = typing.get_origin(annotation)
-    yield annotation, origin
-    for arg in typing.get_args(annotation) if origin is not None else ():
-        yield from _flatten_origins(arg)
 
 
 def main() -> int:
