@@ -50,10 +50,29 @@ socket.socket.connect = _loopback_only
 
 @pytest.fixture(scope="session")
 def prefect_harness():
+    """Prefect's harness, started again (at most twice) when its server's start-up health check is answered with a
+    reset connection: Prefect 3.8.8's start() retries a refused connection only, and a port it picked can be taken
+    by another process (a Ray worker, another test's server) before its own server binds it (CI lost one worker's
+    36 Prefect tests to one such reset)."""
+    import httpx
+    from prefect.server.api.server import SubprocessASGIServer
     from prefect.testing.utilities import prefect_test_harness
 
-    with prefect_test_harness(server_startup_timeout=120):
+    for attempt in range(3):
+        harness = prefect_test_harness(server_startup_timeout=120)
+        try:
+            harness.__enter__()
+            break
+        except (httpx.ReadError, httpx.RemoteProtocolError):
+            server = SubprocessASGIServer._instances.pop(None, None)
+            if server is not None and server.server_process is not None:
+                server.server_process.kill()
+            if attempt == 2:
+                raise
+    try:
         yield
+    finally:
+        harness.__exit__(None, None, None)
 
 
 @pytest.fixture(scope="session")
