@@ -624,6 +624,87 @@ def export_(
     typer.echo(f"exported {'merged pipeline' if merged else 'adapter'} to {written}")
 
 
+@app.command(name="eval")
+def eval_(
+    model: Annotated[
+        str,
+        typer.Argument(
+            help="A training output_dir or checkpoint, an export folder, or (with --recipe) a model folder."
+        ),
+    ],
+    against: Annotated[
+        str | None, typer.Option(help="A second model scored on the same prompts and noise: the paired differences.")
+    ] = None,
+    prompts: Annotated[
+        str | None, typer.Option(help="Prompt file (.txt, .jsonl, .json); default: the recipe's data.eval_data_path.")
+    ] = None,
+    reward: Annotated[
+        list[str] | None, typer.Option("--reward", "-r", help="A reward to score (repeat); default: the recipe's.")
+    ] = None,
+    recipe: Annotated[
+        str | None, typer.Option(help="The recipe of a model folder (its family, sampling, reward settings).")
+    ] = None,
+    steps: Annotated[
+        int | None, typer.Option(help="Denoising steps (default: the recipe's eval steps).", min=1)
+    ] = None,
+    guidance: Annotated[
+        float | None, typer.Option(help="Guidance scale (default: the recipe's eval guidance).")
+    ] = None,
+    seed: Annotated[int | None, typer.Option(help="Noise seed (default: the recipe's sampling.seed).", min=0)] = None,
+    shard_size: Annotated[int, typer.Option(help="Prompts per task (the unit a re-run skips).", min=1)] = 16,
+    batch_size: Annotated[int, typer.Option(help="Images generated per forward pass.", min=1)] = 4,
+    device: Annotated[str, typer.Option(help="auto, cpu or cuda.")] = "auto",
+    out: Annotated[str | None, typer.Option(help="Folder of the evaluation (default: $UNIRL_HOME/eval/<key>).")] = None,
+    set_: Annotated[
+        list[str] | None, typer.Option("--set", "-s", help="Override of --recipe: dotted.key=value.")
+    ] = None,
+) -> None:
+    """Score a model on a prompt set: images with fixed noise per prompt, every reward's mean with a bootstrap 95 %
+    interval; with --against, both models on the same prompts and noise and the paired differences. A Prefect
+    flow of one task per shard; a re-run scores only the shards not yet committed."""
+    recipe_train = None
+    if recipe is not None:
+        recipe_train = _recipe(recipe, set_).train
+        if recipe_train is None:
+            raise _fail(f"error: recipe {recipe} has no `train` section")
+    _quiet_model_libraries()
+    from flows.evaluate import evaluate, table_rows
+    from unirl_core.evaluation.run import build_spec
+
+    spec = build_spec(model, against, recipe_train, prompts, reward, steps, guidance, seed, shard_size, batch_size,
+                      out, device)  # fmt: skip
+    interrupt.keep(lambda: _kept_shards(spec))
+    typer.echo(f"evaluating {', '.join(m.ref for m in spec.models)} on {spec.prompts} ({spec.steps} steps, "
+               f"guidance {spec.guidance:g}, {spec.width}x{spec.height}, seed {spec.seed}); output {spec.output_dir}")  # fmt: skip
+    with console.CommandProgress():
+        result = evaluate(spec)
+    _print_rows(f"eval: {result.prompts} prompts", table_rows(result))
+    for label, entry in zip(spec.labels(), spec.models, strict=True):
+        step = f", step {entry.step}" if entry.step is not None else ""
+        typer.echo(f"{label}: {entry.ref} ({entry.kind}{step})")
+    typer.echo(f"per-prompt scores: {Path(spec.output_dir) / 'results.parquet'}")
+
+
+def _kept_shards(spec) -> str:
+    count = spec.count()
+    total = len(spec.shards(count)) * len(spec.labels())
+    done = sum(1 for label in spec.labels() for shard in range(len(spec.shards(count)))
+               if spec.shard_file(label, shard).is_file())  # fmt: skip
+    return f"kept {done} of {total} scored shards ({spec.output_dir})"
+
+
+def _print_rows(title: str, rows: list[dict]) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    table = Table(title=title)
+    for column in rows[0]:
+        table.add_column(column, justify="left" if column in ("reward", "model") else "right")
+    for row in rows:
+        table.add_row(*(str(v) for v in row.values()))
+    Console().print(table)
+
+
 def _precache_prompts(recipe, prompts_file: str, cache_dir: str | None) -> None:
     """Fill the text-embedding cache for every prompt of a file: the precache section's text encodings, and the
     train section's model conditioning (what `train.model.text_embedding_cache` reads)."""

@@ -158,7 +158,7 @@ class CommandProgress:
     or loss. Drawn on stderr when it is a terminal and cleared at the end (only results stay on screen); `line()`
     prints above it, or to stdout when nothing is drawn, so piped output stays plain lines."""
 
-    UNITS = {"ingest": "rows", "precache": "samples", "train": "steps"}
+    UNITS = {"ingest": "rows", "precache": "samples", "train": "steps", "eval": "images"}
 
     def __init__(self, train_steps: int | None = None, prefect: bool = True) -> None:
         from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn

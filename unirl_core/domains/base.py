@@ -10,7 +10,8 @@ the worker group, EMA and checkpoints of the trained module.
                                               `rollout_policy()` (a context), `optimizer`, `scheduler`, `states()`
         rollout(policy, stack, samples, step) -> a rollout whose `outputs` (sample order) the rewards score; the
                                               worker keeps it for `stack.train`
-        evaluate(policy, stack, prompts, first_index, seed) -> deterministic outputs of evaluation prompts
+        evaluate(policy, stack, prompts, first_index, seed) -> deterministic outputs of evaluation prompts (stack
+                                              None outside training: `unirl eval`)
         warmup_stack / warmup_step / warmup_eval: the supervised warm-up (domains with "warmup" in `stages`)
     controller side: class methods, no model built
         config_problems(config)            -> what this domain cannot train in the recipe (on loading it)

@@ -194,6 +194,10 @@ class RunTracker:
         if file is not None:
             self._guard(f"image file {key}", "log_artifact", self.run_id, str(file), key)
 
+    def log_file(self, file: str | Path, artifact_path: str | None = None) -> None:
+        """A file as an artifact of the run (under `artifact_path`)."""
+        self._guard(f"file {Path(file).name}", "log_artifact", self.run_id, str(file), artifact_path)
+
     @contextlib.contextmanager
     def system_metrics(self, interval_s: float = SYSTEM_METRICS_INTERVAL_S):
         """System metrics (`system/...`: CPU, memory, disk, network, GPU with nvidia-ml-py) of this machine every
