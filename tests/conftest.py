@@ -55,6 +55,7 @@ def prefect_harness():
     by another process (a Ray worker, another test's server) before its own server binds it (CI lost one worker's
     36 Prefect tests to one such reset)."""
     import httpx
+    import prefect.main  # noqa: F401  (its logging handlers bind the streams of now, not of a CliRunner invocation)
     from prefect.server.api.server import SubprocessASGIServer
     from prefect.testing.utilities import prefect_test_harness
 

@@ -1,0 +1,115 @@
+"""`unirl eval` on the tiny SD3 model: a model trained on jpeg_compressibility against its base, scored on the same
+prompts and noise, is ahead on the trained reward with an interval that excludes 0, the guard reported beside it;
+a re-run scores only the missing shards and gives the same table; a checkpoint and its export score the same;
+bad input is one line."""
+
+from __future__ import annotations
+
+import json
+
+import pyarrow.parquet as pq
+import pytest
+from typer.testing import CliRunner
+
+from flows.cli import app
+
+pytestmark = pytest.mark.slow
+
+PROMPTS = ["a red apple", "a blue car", "a dark night", "a bright sun", "a cat on a mat", "a pine tree"]
+
+
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory):
+    """The demo recipe trained for 6 RL steps on one rank (its checkpoint and export), and a prompt file."""
+    root = tmp_path_factory.mktemp("eval")
+    (root / "prompts.txt").write_text("\n".join(PROMPTS) + "\n")
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{root / 'mlflow.db'}")
+        patch.setenv("UNIRL_HOME", str(root / "home"))
+        result = CliRunner().invoke(
+            app, ["train", "demo", "--local", "--steps", "6", "--set", f"train.output_dir={root / 'run'}"]
+        )
+    assert result.exit_code == 0, result.output
+    return root
+
+
+def _eval(root, *args):
+    return CliRunner().invoke(app, ["eval", *args, "--prompts", str(root / "prompts.txt"), "--shard-size", "4"])
+
+
+def test_a_trained_model_is_ahead_of_its_base_with_an_interval_excluding_zero(
+    trained, prefect_harness, mlflow_uri, tmp_path
+):
+    from mlflow.tracking import MlflowClient
+
+    out = tmp_path / "eval"
+    args = [str(trained / "run"), "--against", "tiny:sd3", "--recipe", "demo", "-r", "jpeg_compressibility",
+            "-r", "brightness", "--out", str(out)]  # fmt: skip
+    result = _eval(trained, *args)
+    assert result.exit_code == 0, result.output
+    summary = json.loads((out / "summary.json").read_text())
+    difference = {d["reward"]: d for d in summary["differences"]}
+    assert difference["jpeg_compressibility"]["low"] > 0, summary  # trained on it: ahead, 0 outside the interval
+    assert difference["jpeg_compressibility"]["n"] == len(PROMPTS)
+    assert {(m["reward"], m["model"]) for m in summary["metrics"]} == {
+        (r, m) for r in ("jpeg_compressibility", "brightness") for m in ("model", "against")
+    }  # the guard beside the trained reward, for both models
+    assert "jpeg_compressibility" in result.stdout and "model - against" in result.stdout
+    assert "model: " in result.stdout and "(checkpoint, step 5)" in result.stdout
+    results = pq.read_table(out / "results.parquet").to_pylist()
+    assert len(results) == 2 * len(PROMPTS) and {r["prompt"] for r in results} == set(PROMPTS)
+    assert len(list((out / "model" / "images").glob("*.png"))) == len(PROMPTS)
+
+    client = MlflowClient(mlflow_uri)
+    experiment = client.get_experiment_by_name("unirl-eval")
+    (run,) = client.search_runs([experiment.experiment_id])
+    assert run.data.metrics["jpeg_compressibility/difference/low"] == pytest.approx(
+        difference["jpeg_compressibility"]["low"]
+    )
+    assert run.data.params["against"] == "tiny:sd3" and run.data.params["prompts_count"] == str(len(PROMPTS))
+    logged = {a.path for a in client.list_artifacts(run.info.run_id)}
+    assert {"results.parquet", "summary.json", "best_and_worst.png"} <= logged
+
+    # killed mid-way (shards commit one by one): the re-run scores the missing shards only, the same table
+    before = (out / "summary.json").read_bytes()
+    kept = out / "model" / "shards" / "00000.parquet"
+    kept_stamp = kept.stat().st_mtime_ns
+    for lost in (out / "model" / "shards" / "00001.parquet", out / "against" / "shards" / "00000.parquet"):
+        lost.unlink()
+    (out / "summary.json").unlink()
+    again = _eval(trained, *args)
+    assert again.exit_code == 0, (again.exception, again.output[-3000:])
+    assert (out / "summary.json").read_bytes() == before
+    assert kept.stat().st_mtime_ns == kept_stamp  # not scored again
+
+
+def test_a_checkpoint_and_its_export_score_the_same(trained, tmp_path, monkeypatch):
+    from unirl_core.evaluation import run
+
+    monkeypatch.setenv("UNIRL_HOME", str(tmp_path / "home"))
+    scores = []
+    for model in (trained / "run", trained / "run" / "export" / "step_00000005"):
+        spec = run.build_spec(str(model), prompts=str(trained / "prompts.txt"), rewards=["jpeg_compressibility"],
+                              shard_size=8, output_dir=str(tmp_path / model.name))  # fmt: skip
+        for label, shard in run.prepare(spec):
+            run.score_shard(spec, label, shard)
+        scores.append(run.read_scores(spec, "model", len(PROMPTS))["jpeg_compressibility"])
+    assert scores[0] == scores[1]
+
+
+def test_bad_input_is_one_line(trained, tmp_path, monkeypatch):
+    monkeypatch.setenv("UNIRL_HOME", str(tmp_path / "home"))
+    cases = [
+        (["tiny:sd3"], "needs the recipe"),
+        ([str(trained / "run"), "-r", "no_such_reward"], "--reward no_such_reward"),
+        ([str(tmp_path / "nothing_here")], "no committed checkpoint"),
+    ]
+    out = tmp_path / "taken"
+    out.mkdir()
+    (out / "spec.json").write_text(json.dumps({"identity": {"rewards": ["brightness"]}}))
+    cases.append(([str(trained / "run"), "--out", str(out)], "holds another evaluation"))
+    for args, message in cases:
+        (tmp_path / "nothing_here").mkdir(exist_ok=True)
+        result = _eval(trained, *args)
+        assert result.exit_code == 2, (args, result.output)
+        assert message in result.output and "Traceback" not in result.output, result.output
