@@ -668,11 +668,13 @@ def eval_(
         if recipe_train is None:
             raise _fail(f"error: recipe {recipe} has no `train` section")
     _quiet_model_libraries()
-    from flows.evaluate import evaluate, table_rows
-    from unirl_core.evaluation.run import build_spec
+    from unirl_core.evaluation.run import build_spec, check_folder
 
     spec = build_spec(model, against, recipe_train, prompts, reward, steps, guidance, seed, shard_size, batch_size,
                       out, device)  # fmt: skip
+    check_folder(spec)  # before Prefect starts
+    from flows.evaluate import evaluate, table_rows
+
     interrupt.keep(lambda: _kept_shards(spec))
     typer.echo(f"evaluating {', '.join(m.ref for m in spec.models)} on {spec.prompts} ({spec.steps} steps, "
                f"guidance {spec.guidance:g}, {spec.width}x{spec.height}, seed {spec.seed}); output {spec.output_dir}")  # fmt: skip
@@ -681,7 +683,8 @@ def eval_(
     _print_rows(f"eval: {result.prompts} prompts", table_rows(result))
     for label, entry in zip(spec.labels(), spec.models, strict=True):
         step = f", step {entry.step}" if entry.step is not None else ""
-        typer.echo(f"{label}: {entry.ref} ({entry.kind}{step})")
+        version = f", version {entry.version}" if entry.version else ""
+        typer.echo(f"{label}: {entry.ref} ({entry.kind}{version}{step})")
     typer.echo(f"per-prompt scores: {Path(spec.output_dir) / 'results.parquet'}")
 
 

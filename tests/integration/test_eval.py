@@ -83,31 +83,37 @@ def test_a_trained_model_is_ahead_of_its_base_with_an_interval_excluding_zero(
     assert kept.stat().st_mtime_ns == kept_stamp  # not scored again
 
 
-def test_a_checkpoint_and_its_export_score_the_same(trained, tmp_path, monkeypatch):
+def test_a_checkpoint_its_export_and_its_registered_version_score_the_same(trained, tmp_path, monkeypatch):
     from unirl_core.evaluation import run
 
     monkeypatch.setenv("UNIRL_HOME", str(tmp_path / "home"))
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{trained / 'mlflow.db'}")  # where training registered it
     scores = []
-    for model in (trained / "run", trained / "run" / "export" / "step_00000005"):
+    for index, model in enumerate((trained / "run", trained / "run" / "export" / "step_00000005",
+                                   "models:/unirl-demo@candidate")):  # fmt: skip
         spec = run.build_spec(str(model), prompts=str(trained / "prompts.txt"), rewards=["jpeg_compressibility"],
-                              shard_size=8, output_dir=str(tmp_path / model.name))  # fmt: skip
+                              shard_size=8, output_dir=str(tmp_path / str(index)))  # fmt: skip
         for label, shard in run.prepare(spec):
             run.score_shard(spec, label, shard)
         scores.append(run.read_scores(spec, "model", len(PROMPTS))["jpeg_compressibility"])
-    assert scores[0] == scores[1]
+    assert scores[0] == scores[1] == scores[2]
+    assert spec.models[0].version == "1" and spec.models[0].step == 5
 
 
 def test_bad_input_is_one_line(trained, tmp_path, monkeypatch):
     monkeypatch.setenv("UNIRL_HOME", str(tmp_path / "home"))
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{tmp_path / 'mlflow.db'}")
     cases = [
         (["tiny:sd3"], "needs the recipe"),
         ([str(trained / "run"), "-r", "no_such_reward"], "--reward no_such_reward"),
         ([str(tmp_path / "nothing_here")], "no committed checkpoint"),
+        (["models:/no-such-model@champion"], "models:/no-such-model@champion: not found"),
     ]
     out = tmp_path / "taken"
     out.mkdir()
     (out / "spec.json").write_text(json.dumps({"identity": {"rewards": ["brightness"]}}))
     cases.append(([str(trained / "run"), "--out", str(out)], "holds another evaluation"))
+    cases.append(([str(trained / "run"), "--out", str(trained / "prompts.txt")], "not a folder"))
     for args, message in cases:
         (tmp_path / "nothing_here").mkdir(exist_ok=True)
         result = _eval(trained, *args)

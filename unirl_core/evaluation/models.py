@@ -4,6 +4,8 @@
                  (train_config.json) and the committed weights (DCP)
     export       a folder `unirl export` wrote (unirl_export.json): the merged pipeline, or the base model with the
                  exported LoRA (adapter_model.safetensors)
+    registered   `models:/NAME@ALIAS` or `models:/NAME/VERSION`: that MLflow model version's export, downloaded
+                 once into the workspace
     pipeline     a diffusers pipeline folder, `tiny:<family>` or a cached hub id: loaded as the recipe's
                  `train.model` with that path (no LoRA)
 
@@ -34,6 +36,7 @@ class EvalModel(BaseModel):
     folder: str  # the step folder, the export folder, or the pipeline path
     step: int | None  # the checkpoint's (or the export's) training step
     config: TrainConfig  # what builds it
+    version: str | None = None  # a registered model's version (`models:/NAME@ALIAS`: the one the alias named)
 
     def identity(self) -> dict:
         """What names these weights in an evaluation's spec (a re-run with other weights is another evaluation)."""
@@ -46,6 +49,13 @@ def resolve(ref: str, recipe_train=None) -> EvalModel:
     from unirl_core.worker.export import CONFIG_FILE, resolve_checkpoint
 
     path = Path(ref).expanduser()
+    registered = None
+    if ref.startswith("models:/"):
+        from unirl_core.tracking.model_versions import download, parse
+
+        if parse(ref) is None:
+            raise EvalModelError(f"{ref}: a registered model is models:/NAME@ALIAS or models:/NAME/VERSION")
+        path, registered = download(ref)
     if (path / EXPORT_FILE).is_file():
         provenance = json.loads((path / EXPORT_FILE).read_text())
         config = TrainConfig.model_validate_json((path / CONFIG_FILE).read_text())
@@ -53,7 +63,9 @@ def resolve(ref: str, recipe_train=None) -> EvalModel:
             model = config.model.model_copy(update={"path": str(path.resolve()), "lora": None})
             config = config.model_copy(update={"model": model})
         return EvalModel(ref=ref, kind="export", folder=str(path.resolve()), step=provenance.get("step"),
-                         config=_for_eval(config))  # fmt: skip
+                         version=registered, config=_for_eval(config))  # fmt: skip
+    if registered is not None:
+        raise EvalModelError(f"{ref}: version {registered} has no {EXPORT_FILE} (not registered by unirl training)")
     if path.is_dir() and not (path / "model_index.json").is_file():
         folder = resolve_checkpoint(path)  # a CheckpointError (a UserError) names what is missing
         config = TrainConfig.model_validate_json((folder / CONFIG_FILE).read_text())

@@ -92,19 +92,30 @@ def file_digest(path: str) -> str:
     return hashlib.sha256(storage.read_bytes(path)).hexdigest()
 
 
+def check_folder(spec: EvalSpec) -> bool:
+    """Whether the output folder holds this evaluation already (False: a new one); an EvalError when it holds
+    another, or is not a folder."""
+    folder = Path(spec.output_dir)
+    if folder.exists() and not folder.is_dir():
+        raise EvalError(f"{folder}: not a folder; pass --out a folder for the evaluation")
+    written = folder / SPEC_FILE
+    if not written.is_file():
+        return False
+    try:
+        before = json.loads(written.read_text()).get("identity", {})
+    except (ValueError, AttributeError):
+        before = {}
+    if before != spec.identity():
+        changed = sorted(k for k in spec.identity() if before.get(k) != spec.identity()[k])
+        raise EvalError(f"{folder}: holds another evaluation (it differs in {', '.join(changed)}); pass another "
+                        "--out, or delete the folder to evaluate again")  # fmt: skip
+    return True
+
+
 def prepare(spec: EvalSpec) -> list[tuple[str, int]]:
     """Write the spec (or check that the folder holds this evaluation); returns the (label, shard) not yet scored."""
-    folder = Path(spec.output_dir)
-    written = folder / SPEC_FILE
-    if written.is_file():
-        before = json.loads(written.read_text())
-        if before.get("identity") != spec.identity():
-            changed = sorted(k for k in spec.identity() if before.get("identity", {}).get(k) != spec.identity()[k])
-            raise EvalError(
-                f"{folder}: holds another evaluation (it differs in {', '.join(changed)}); pass another --out, or "
-                "delete the folder to evaluate again"
-            )
-    else:
+    written = Path(spec.output_dir) / SPEC_FILE
+    if not check_folder(spec):
         record = {"key": spec.key(), "identity": spec.identity(), "spec": spec.model_dump(mode="json")}
         write_bytes_atomic(str(written), json.dumps(record, indent=1).encode())
     count = spec.count()

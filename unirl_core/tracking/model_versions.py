@@ -1,0 +1,71 @@
+"""Registered model versions as local folders: `models:/NAME@ALIAS` or `models:/NAME/VERSION` -> the version's
+files (what `unirl export` wrote and the training run registered), downloaded once into the workspace
+(`$UNIRL_HOME/models/registered/<name>/<version>`, written aside and renamed whole)."""
+
+from __future__ import annotations
+
+import re
+import shutil
+import tempfile
+from pathlib import Path
+
+from unirl_core.errors import UserError
+
+MODEL_URI = re.compile(r"models:/(?P<name>[^/@]+)(?:@(?P<alias>[\w.-]+)|/(?P<version>\d+))")
+
+
+class ModelVersionError(UserError, LookupError):
+    """A registered model version that cannot be found; the message names it and what exists."""
+
+
+def parse(uri: str) -> tuple[str, str | None, str | None] | None:
+    """(name, alias, version) of a `models:/` URI, or None for anything else."""
+    match = MODEL_URI.fullmatch(uri)
+    return (match["name"], match["alias"], match["version"]) if match else None
+
+
+def resolve_version(uri: str) -> tuple[str, str]:
+    """(name, version number) that `uri` names now (an alias moves; a version number does not)."""
+    from mlflow.exceptions import MlflowException
+    from mlflow.tracking import MlflowClient
+
+    from unirl_core.tracking.mlflow_runs import tracking_uri
+
+    name, alias, version = parse(uri)
+    client = MlflowClient(tracking_uri())
+    try:
+        found = client.get_model_version_by_alias(name, alias) if alias else client.get_model_version(name, version)
+    except MlflowException as exc:
+        known = ""
+        try:
+            model = client.get_registered_model(name)
+            known = f"; {name} has aliases {sorted(model.aliases) or 'none'}"
+        except MlflowException:
+            known = f"; no registered model {name!r} in {tracking_uri()}"
+        raise ModelVersionError(f"{uri}: not found ({str(exc).splitlines()[0][:120]}){known}") from None
+    return name, str(found.version)
+
+
+def download(uri: str) -> tuple[Path, str]:
+    """The local folder of the version `uri` names (downloaded on first use), and its version number."""
+    from mlflow.tracking import MlflowClient
+
+    from unirl_core.tracking.mlflow_runs import tracking_uri
+    from unirl_core.workspace import workspace
+
+    name, version = resolve_version(uri)
+    folder = workspace().root / "models" / "registered" / name / version
+    if not folder.is_dir():
+        source = MlflowClient(tracking_uri()).get_model_version(name, version).source
+        folder.parent.mkdir(parents=True, exist_ok=True)
+        staging = Path(tempfile.mkdtemp(prefix=f".{version}-", dir=folder.parent))
+        try:
+            import mlflow.artifacts
+
+            mlflow.artifacts.download_artifacts(artifact_uri=source, dst_path=str(staging),
+                                                tracking_uri=tracking_uri())  # fmt: skip
+            files = staging / Path(source.rstrip("/")).name
+            (files if files.is_dir() else staging).rename(folder)
+        finally:
+            shutil.rmtree(staging, ignore_errors=True)
+    return folder, version
