@@ -663,6 +663,8 @@ def eval_(
     interval; with --against, both models on the same prompts and noise and the paired differences. A Prefect
     flow of one task per shard; a re-run scores only the shards not yet committed."""
     recipe_train = None
+    if set_ and recipe is None:
+        raise _fail("error: --set overrides the --recipe's keys; pass --recipe RECIPE with it")
     if recipe is not None:
         recipe_train = _recipe(recipe, set_).train
         if recipe_train is None:

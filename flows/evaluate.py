@@ -28,11 +28,13 @@ def evaluate(spec: EvalSpec) -> EvalReport:
     count = spec.count()
     report("total_rows", count * len(spec.labels()))
     report("rows", count * len(spec.labels()) - sum(_size(spec, count, shard) for _, shard in todo))
-    futures = [eval_tasks.score_shard.submit(spec, label, shard) for label, shard in todo]
     progress = create_progress_artifact(progress=0.0, key="eval-progress", description="eval: shards done")
-    for finished, _ in enumerate(as_completed(futures), start=1):
-        update_progress_artifact(progress, progress=100.0 * finished / len(futures))
-    done = [future.result() for future in futures]
+    done: list[dict] = []
+    for label in spec.labels():  # model by model: one policy on the device at a time
+        futures = [eval_tasks.score_shard.submit(spec, label, shard) for name, shard in todo if name == label]
+        for future in as_completed(futures):
+            done.append(future.result())
+            update_progress_artifact(progress, progress=100.0 * len(done) / len(todo))
     result = run.finish(spec)
     generated = sum(d["prompts"] for d in done)
     seconds = sum(d["seconds_generate"] for d in done)

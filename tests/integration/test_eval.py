@@ -114,6 +114,25 @@ def test_bad_input_is_one_line(trained, tmp_path, monkeypatch):
     (out / "spec.json").write_text(json.dumps({"identity": {"rewards": ["brightness"]}}))
     cases.append(([str(trained / "run"), "--out", str(out)], "holds another evaluation"))
     cases.append(([str(trained / "run"), "--out", str(trained / "prompts.txt")], "not a folder"))
+    cases.append(([str(trained / "run"), "--against", "tiny:sd15", "--recipe", "demo", "--set",
+                   "train.model.family=sd15"], "needs one family"))  # fmt: skip
+    cases.append(([str(trained / "run"), "--device", "gpu"], "choose auto, cpu"))
+    cases.append(([str(trained / "run"), "--set", "train.steps=1"], "pass --recipe RECIPE with it"))
+    lost = tmp_path / "lost" / "step_00000001"
+    lost.mkdir(parents=True)
+    (lost / "trainer_state.json").write_text("{}")
+    cases.append(([str(lost)], "no train_config.json"))
+
+    from unirl_core.config import load_recipe
+    from unirl_core.evaluation import run
+
+    # a model's own settings are part of the evaluation: bf16 weights do not resume an fp32 evaluation's folder
+    recipe = load_recipe("demo", [])
+    fp32 = run.build_spec("tiny:sd3", recipe_train=recipe.train, prompts=str(trained / "prompts.txt"),
+                          output_dir=str(tmp_path / "fp32"))  # fmt: skip
+    run.prepare(fp32)
+    cases.append((["tiny:sd3", "--recipe", "demo", "--set", "train.model.dtype=bfloat16", "--out",
+                   str(tmp_path / "fp32")], "differs in models"))  # fmt: skip
     for args, message in cases:
         (tmp_path / "nothing_here").mkdir(exist_ok=True)
         result = _eval(trained, *args)

@@ -15,6 +15,7 @@ prompt index and seed, at the evaluation's steps, guidance and size, with the sa
 
 from __future__ import annotations
 
+import hashlib
 import json
 from pathlib import Path
 
@@ -40,13 +41,14 @@ class EvalModel(BaseModel):
 
     def identity(self) -> dict:
         """What names these weights in an evaluation's spec (a re-run with other weights is another evaluation)."""
-        return {"kind": self.kind, "folder": self.folder, "step": self.step}
+        digest = hashlib.sha256(self.config.model_dump_json().encode()).hexdigest()[:16]
+        return {"kind": self.kind, "folder": self.folder, "step": self.step, "config": digest}
 
 
 def resolve(ref: str, recipe_train=None) -> EvalModel:
     """`ref` as an EvalModel; `recipe_train` (a TrainConfig) builds a pipeline reference."""
     from unirl_core.worker.checkpoint import STATE_FILE
-    from unirl_core.worker.export import CONFIG_FILE, resolve_checkpoint
+    from unirl_core.worker.export import resolve_checkpoint
 
     path = Path(ref).expanduser()
     registered = None
@@ -58,7 +60,7 @@ def resolve(ref: str, recipe_train=None) -> EvalModel:
         path, registered = download(ref)
     if (path / EXPORT_FILE).is_file():
         provenance = json.loads((path / EXPORT_FILE).read_text())
-        config = TrainConfig.model_validate_json((path / CONFIG_FILE).read_text())
+        config = _recipe_of(path)
         if provenance.get("merged"):
             model = config.model.model_copy(update={"path": str(path.resolve()), "lora": None})
             config = config.model_copy(update={"model": model})
@@ -68,7 +70,7 @@ def resolve(ref: str, recipe_train=None) -> EvalModel:
         raise EvalModelError(f"{ref}: version {registered} has no {EXPORT_FILE} (not registered by unirl training)")
     if path.is_dir() and not (path / "model_index.json").is_file():
         folder = resolve_checkpoint(path)  # a CheckpointError (a UserError) names what is missing
-        config = TrainConfig.model_validate_json((folder / CONFIG_FILE).read_text())
+        config = _recipe_of(folder)
         step = json.loads((folder / STATE_FILE).read_text())["step"]
         return EvalModel(ref=ref, kind="checkpoint", folder=str(folder.resolve()), step=step, config=_for_eval(config))
     if recipe_train is None:
@@ -83,6 +85,22 @@ def resolve(ref: str, recipe_train=None) -> EvalModel:
     folder = ref if ref.startswith("tiny:") or not path.exists() else str(path.resolve())
     config = _for_eval(recipe_train.model_copy(update={"model": model}))
     return EvalModel(ref=ref, kind="pipeline", folder=folder, step=None, config=config)
+
+
+def _recipe_of(folder: Path) -> TrainConfig:
+    """The recipe a checkpoint or export was trained with (its train_config.json)."""
+    from pydantic import ValidationError
+
+    from unirl_core.worker.export import CONFIG_FILE
+
+    try:
+        return TrainConfig.model_validate_json((folder / CONFIG_FILE).read_text())
+    except FileNotFoundError:
+        raise EvalModelError(f"{folder}: no {CONFIG_FILE} (written by training rounds and exports), so its recipe "
+                             "is unknown; evaluate the training output_dir or export it again") from None  # fmt: skip
+    except ValidationError as exc:
+        raise EvalModelError(f"{folder / CONFIG_FILE}: not a recipe this unirl reads ({exc.error_count()} problems, "
+                             f"first: {exc.errors()[0]['msg']}); export the checkpoint again") from None  # fmt: skip
 
 
 def _model_problems(domain: str, model) -> list[str]:

@@ -60,9 +60,12 @@ class EvalSpec(BaseModel):
     device: str = "auto"
 
     def identity(self) -> dict:
-        """The spec without where it runs: two specs with one identity give the same numbers."""
+        """The spec without where it writes: two specs with one identity give the same numbers (each model's whole
+        config and the kind of device are part of it)."""
+        from unirl_core.precache.run import resolve_device
+
         data = self.model_dump(mode="json", exclude={"output_dir", "device", "models"})
-        return data | {"models": [m.identity() for m in self.models]}
+        return data | {"models": [m.identity() for m in self.models], "device": resolve_device(self.device).type}
 
     def key(self) -> str:
         return hashlib.sha256(json.dumps(self.identity(), sort_keys=True).encode()).hexdigest()[:12]
@@ -93,11 +96,15 @@ def file_digest(path: str) -> str:
 
 
 def check_folder(spec: EvalSpec) -> bool:
-    """Whether the output folder holds this evaluation already (False: a new one); an EvalError when it holds
-    another, or is not a folder."""
+    """Whether the output folder holds this evaluation already (False: a new one, the folder made); an EvalError
+    when it holds another, or cannot be a folder."""
     folder = Path(spec.output_dir)
     if folder.exists() and not folder.is_dir():
         raise EvalError(f"{folder}: not a folder; pass --out a folder for the evaluation")
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise EvalError(f"{folder}: cannot be made ({exc.strerror or exc}); pass --out a writable folder") from None
     written = folder / SPEC_FILE
     if not written.is_file():
         return False
@@ -135,8 +142,14 @@ def _model(spec: EvalSpec, label: str, device):
     from unirl_core.evaluation.models import load_policy
 
     model = spec.models[spec.labels().index(label)]
-    key = json.dumps([model.identity(), str(device), spec.steps, spec.guidance], sort_keys=True)
+    key = json.dumps(["model", model.identity(), str(device)], sort_keys=True)
     if key not in _loaded:
+        for other in [k for k in _loaded if k.startswith('["model"')]:  # one policy on the device at a time
+            del _loaded[other]
+        if device.type == "cuda":
+            import torch
+
+            torch.cuda.empty_cache()
         _loaded[key] = load_policy(model, str(device))
     return _loaded[key]
 
@@ -245,6 +258,15 @@ def finish(spec: EvalSpec) -> EvalReport:
     return report
 
 
+def _check_device(device: str) -> None:
+    import torch
+
+    if device not in ("auto", "cpu", "cuda") and not device.startswith("cuda:"):
+        raise EvalError(f"--device {device!r}: choose auto, cpu, cuda or cuda:N")
+    if device.startswith("cuda") and not torch.cuda.is_available():
+        raise EvalError(f"--device {device}: this machine has no CUDA device torch can use; pass --device cpu")
+
+
 def build_spec(
     model: str,
     against: str | None = None,
@@ -264,10 +286,19 @@ def build_spec(
     the prompts to its `data.eval_data_path`; `output_dir` to $UNIRL_HOME/eval/<key>."""
     from unirl_core.data.prompts import load_prompts
     from unirl_core.evaluation.models import resolve, with_sampling
+    from unirl_core.io import storage
 
+    _check_device(device)
     models = [resolve(model, recipe_train)] + ([resolve(against, recipe_train)] if against else [])
     first = models[0].config
+    if len(models) == 2:
+        other = models[1].config
+        if (first.domain.name, first.model.family) != (other.domain.name, other.model.family):
+            raise EvalError(f"--against {against}: a {other.model.family} model, but {model} is {first.model.family}; "
+                            "a paired comparison needs one family (the same latent noise and decoder)")  # fmt: skip
     prompts = prompts or first.data.eval_data_path
+    if prompts and not storage.is_url(prompts):
+        prompts = str(Path(prompts).expanduser().resolve())  # one file, one identity, by any path
     if not prompts:
         raise EvalError("no prompts: pass --prompts FILE (a .txt, .jsonl or .json prompt file), or set the recipe's "
                         "train.data.eval_data_path")  # fmt: skip
@@ -277,8 +308,9 @@ def build_spec(
     sampling = first.sampling
     models = [with_sampling(m, steps, guidance, sampling.height, sampling.width, first.algorithm) for m in models]
     rewards = list(dict.fromkeys(rewards or [*first.reward.weights, *first.reward.guards]))
+    settings = (recipe_train or first).reward  # the model rewards' folders: --recipe's, else the model's recipe
     reward = RewardConfig.model_validate(
-        first.reward.model_dump() | {"weights": dict.fromkeys(rewards, 1.0), "guards": [], "placement": "colocated"}
+        settings.model_dump() | {"weights": dict.fromkeys(rewards, 1.0), "guards": [], "placement": "colocated"}
     )
     problems = [f"{path}: {message}" for path, _, message in reward.problems()]
     if problems:

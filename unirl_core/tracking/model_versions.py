@@ -1,9 +1,10 @@
 """Registered model versions as local folders: `models:/NAME@ALIAS` or `models:/NAME/VERSION` -> the version's
 files (what `unirl export` wrote and the training run registered), downloaded once into the workspace
-(`$UNIRL_HOME/models/registered/<name>/<version>`, written aside and renamed whole)."""
+(`$UNIRL_HOME/models/registered/<server>/<name>/<version>`, <server> a digest of the tracking URI, written aside and renamed whole)."""
 
 from __future__ import annotations
 
+import hashlib
 import re
 import shutil
 import tempfile
@@ -54,7 +55,8 @@ def download(uri: str) -> tuple[Path, str]:
     from unirl_core.workspace import workspace
 
     name, version = resolve_version(uri)
-    folder = workspace().root / "models" / "registered" / name / version
+    server = hashlib.sha256(tracking_uri().encode()).hexdigest()[:8]  # version 1 of another server is another model
+    folder = workspace().root / "models" / "registered" / server / name / version
     if not folder.is_dir():
         source = MlflowClient(tracking_uri()).get_model_version(name, version).source
         folder.parent.mkdir(parents=True, exist_ok=True)
