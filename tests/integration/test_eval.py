@@ -99,6 +99,16 @@ def test_a_checkpoint_its_export_and_its_registered_version_score_the_same(train
     assert scores[0] == scores[1] == scores[2]
     assert spec.models[0].version == "1" and spec.models[0].step == 5
 
+    # a model against itself in other shards and batches: every prompt starts from the same noise, difference 0
+    spec = run.build_spec(str(trained / "run"), against=str(trained / "run" / "checkpoints"),
+                          prompts=str(trained / "prompts.txt"), rewards=["jpeg_compressibility"], shard_size=4,
+                          batch_size=3, output_dir=str(tmp_path / "self"))  # fmt: skip
+    for label, shard in run.prepare(spec):
+        run.score_shard(spec, label, shard)
+    difference = run.finish(spec).differences[0]
+    assert (difference["mean"], difference["low"], difference["high"]) == (0.0, 0.0, 0.0)
+    assert run.read_scores(spec, "model", len(PROMPTS))["jpeg_compressibility"] == scores[0]
+
 
 def test_bad_input_is_one_line(trained, tmp_path, monkeypatch):
     monkeypatch.setenv("UNIRL_HOME", str(tmp_path / "home"))

@@ -134,7 +134,10 @@ def prepare(spec: EvalSpec) -> list[tuple[str, int]]:
     ]
 
 
-_loaded: dict[str, tuple] = {}  # a process keeps each model it scored (tasks of one flow share the process)
+# what a process keeps between the shards of a flow (its tasks share the process): the policy of the last model
+# scored (one on the device at a time) and the reward services; filled under _device_lock
+_policy: dict[str, tuple] = {}
+_scorers: dict[str, object] = {}
 _device_lock = threading.Lock()  # one shard generates at a time (the tasks' threads share one device)
 
 
@@ -142,25 +145,24 @@ def _model(spec: EvalSpec, label: str, device):
     from unirl_core.evaluation.models import load_policy
 
     model = spec.models[spec.labels().index(label)]
-    key = json.dumps(["model", model.identity(), str(device)], sort_keys=True)
-    if key not in _loaded:
-        for other in [k for k in _loaded if k.startswith('["model"')]:  # one policy on the device at a time
-            del _loaded[other]
+    key = json.dumps([model.identity(), str(device)], sort_keys=True)
+    if key not in _policy:
+        _policy.clear()
         if device.type == "cuda":
             import torch
 
             torch.cuda.empty_cache()
-        _loaded[key] = load_policy(model, str(device))
-    return _loaded[key]
+        _policy[key] = load_policy(model, str(device))
+    return _policy[key]
 
 
 def _rewards(spec: EvalSpec, device):
     from unirl_core.rewards.service import RewardService
 
     key = json.dumps([spec.reward.model_dump(mode="json"), str(device)], sort_keys=True)
-    if key not in _loaded:
-        _loaded[key] = (RewardService.from_config(spec.reward, device=str(device)),)
-    return _loaded[key][0]
+    if key not in _scorers:
+        _scorers[key] = RewardService.from_config(spec.reward, device=str(device))
+    return _scorers[key]
 
 
 def score_shard(spec: EvalSpec, label: str, shard: int) -> dict:
