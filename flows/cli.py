@@ -690,6 +690,32 @@ def eval_(
     typer.echo(f"per-prompt scores: {Path(spec.output_dir) / 'results.parquet'}")
 
 
+@app.command()
+def promote(
+    recipe: Annotated[str, typer.Argument(help="A recipe with a `promote` section (file or packaged name).")],
+    set_: Annotated[list[str] | None, typer.Option("--set", "-s", help="Override: dotted.key=value.")] = None,
+) -> None:
+    """The promotion gate by hand: the registered model's candidate version against its champion on the section's
+    prompts and gate metrics; it becomes champion only when it wins on every one (the first version becomes
+    champion); the decision and its reason go on the version in MLflow."""
+    loaded = _recipe(recipe, set_)
+    if loaded.promote is None:
+        raise _fail(f"error: recipe {recipe} has no `promote` section")
+    _quiet_model_libraries()
+    from flows.promote import model_name_of
+    from flows.promote import promote as promote_flow
+
+    with console.CommandProgress():
+        decided = promote_flow(loaded.promote, model_name_of(loaded), loaded.train)
+    if decided.gate:
+        rows = [{"gate metric": r.reward, "difference": f"{r.mean:+.4f}", "95% interval": f"[{r.low:+.4f}, "
+                 f"{r.high:+.4f}]", "margin": f"{r.margin:g}", "won": "yes" if r.passed else "no"}
+                for r in decided.gate]  # fmt: skip
+        _print_rows(f"{decided.model_name}: version {decided.candidate} - version {decided.champion_before}", rows)
+    verdict = "is the champion" if decided.promoted else "stays candidate"
+    typer.echo(f"{decided.model_name} version {decided.candidate} {verdict}: {decided.reason}")
+
+
 def _kept_shards(spec) -> str:
     count = spec.count()
     total = len(spec.shards(count)) * len(spec.labels())

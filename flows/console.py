@@ -40,6 +40,7 @@ ENV_DEFAULTS = {
     "RAY_USAGE_STATS_ENABLED": "0",
     "HF_HUB_DISABLE_TELEMETRY": "1",
     "PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS": "120",
+    "MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR": "false",  # `models:/` downloads: no tqdm bars over our display
 }
 
 # the quiet libraries: INFO and below to the log file only (their WARNINGs still reach the terminal)

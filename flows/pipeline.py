@@ -1,4 +1,4 @@
-"""The pipeline flow: a recipe's sections in order, ingest -> precache -> train, each as its own subflow.
+"""The pipeline flow: a recipe's sections in order, ingest -> precache -> train -> promote, each as its own subflow.
 
 Every stage resumes from its committed outputs (ingest skips committed work units, precache committed shards,
 training committed steps), so a re-run after any failure redoes only what is missing. A final markdown artifact
@@ -15,6 +15,7 @@ from prefect.artifacts import create_markdown_artifact
 from flows.engine import flow
 from flows.ingest import ingest
 from flows.precache import precache
+from flows.promote import model_name_of, promote
 from flows.train import train
 from tasks.train import prefect_tags
 from unirl_core.config.schema import Recipe
@@ -34,6 +35,7 @@ def pipeline(recipe: Recipe) -> PipelineSummary:
             ("precache", recipe.precache, lambda: precache(recipe.precache)),
             ("train", recipe.train,
              lambda: train(recipe.train, run_name=recipe.name or "train", precache=recipe.precache)),
+            ("promote", recipe.promote, lambda: promote(recipe.promote, model_name_of(recipe), recipe.train)),
         ):  # fmt: skip
             if section is None:
                 continue
@@ -69,6 +71,10 @@ def report(summary: PipelineSummary) -> str:
         reused = " (reused)" if train.rounds and all(r.skipped for r in train.rounds) else ""
         lines.append(f"| train | {len(train.rounds)} {'round' if len(train.rounds) == 1 else 'rounds'}{reused}, "
                      f"model version {train.model_version} | {seconds['train']:.1f} |")  # fmt: skip
+    if summary.promote:
+        decided = summary.promote
+        verdict = "champion" if decided.promoted else f"stays candidate (champion: version {decided.champion_before})"
+        lines.append(f"| promote | version {decided.candidate} {verdict} | {seconds['promote']:.1f} |")
     lines.append("")
     if ingest:
         lines.append(f"- dataset: `{ingest.dataset}`")
@@ -80,4 +86,6 @@ def report(summary: PipelineSummary) -> str:
             f"- registered model: `{train.registered_model}` version {train.model_version} (alias `{train.alias}`)",
             f"- MLflow run: {train.mlflow_run_url or train.mlflow_run_id}",
         ]
+    if summary.promote:
+        lines.append(f"- promotion: {summary.promote.reason}")
     return "\n".join(lines)

@@ -16,6 +16,8 @@ from __future__ import annotations
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from unirl_core.evaluation.promote import Promotion
+
 
 class _Summary(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
@@ -90,4 +92,5 @@ class PipelineSummary(_Summary):
     ingest: IngestSummary | None = None  # None when the recipe has no such section
     precache: PrecacheSummary | None = None
     train: TrainSummary | None = None
+    promote: Promotion | None = None
     seconds: dict[str, float] = Field(default_factory=dict)  # wall time per stage that ran

@@ -293,7 +293,7 @@ def test_schema_is_the_recipe_json_schema():
     assert result.exit_code == 0
     schema = json.loads(result.stdout)
     assert schema["additionalProperties"] is False
-    assert set(schema["properties"]) == {"name", "description", "ingest", "precache", "train"}
+    assert set(schema["properties"]) == {"name", "description", "ingest", "precache", "train", "promote"}
 
 
 def test_version():

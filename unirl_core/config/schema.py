@@ -1,6 +1,6 @@
 """Typed recipe models: one config system from YAML to the Prefect UI form.
 
-A recipe file holds up to three sections, `ingest`, `precache` and `train`, each optional. Every model refuses
+A recipe file holds up to four sections, `ingest`, `precache`, `train` and `promote`, each optional. Every model refuses
 unknown keys (a typo is an error, never a silently ignored setting) and documents each field with its meaning,
 its unit, and whether it is global or per rank. The docstring under a field is its description: it shows in
 `unirl validate`'s errors, in the JSON schema and in the Prefect UI form.
@@ -654,7 +654,8 @@ class TrackingConfig(StrictModel):
     """Registered model name for the final adapter. Empty: `unirl-<recipe name>`."""
 
     alias: str = "candidate"
-    """Alias set on the newly registered model version (promote it to `champion` by hand after review)."""
+    """Alias set on the newly registered model version; a recipe's `promote` section (or `unirl promote`) moves
+    `champion` to it when it beats the current champion."""
 
 
 class CheckpointConfig(StrictModel):
@@ -832,8 +833,61 @@ class TrainConfig(StrictModel):
             )
 
 
+class GateMetric(StrictModel):
+    """One metric of the promotion gate: a reward the candidate must win on."""
+
+    reward: str
+    """A reward name (as in `train.reward.weights`): scored on both models with the same prompts and noise."""
+
+    margin: Annotated[float, Field(ge=0.0)] = 0.0
+    """The candidate wins when the lower bound of the paired difference's 95 % interval (candidate - champion)
+    is above this: ahead by more than `margin`, with 95 % confidence."""
+
+
+class PromoteConfig(StrictModel):
+    """Champion/challenger: after training, the version with `candidate_alias` is evaluated against the version with
+    `champion_alias` (`unirl eval --against`) and becomes champion only when it wins on every gate metric; else it
+    stays candidate with the reason on the version. The first version, with no champion to beat, becomes champion."""
+
+    model_name: OptionalStr = None
+    """The registered model. Empty: the training's (`train.tracking.registered_model`, else `unirl-<recipe name>`)."""
+
+    prompts: OptionalStr = None
+    """The prompt file both versions generate for. Empty: `train.data.eval_data_path`."""
+
+    gate: list[GateMetric] = Field(min_length=1)
+    """The metrics the candidate must win on, every one."""
+
+    report: list[str] = []
+    """Rewards scored and recorded beside the gate but not gated (held-out judges, guards)."""
+
+    candidate_alias: str = "candidate"
+    """The alias of the version to judge (training sets it: `train.tracking.alias`)."""
+
+    champion_alias: str = "champion"
+    """The alias of the version in use, moved to the candidate when it wins."""
+
+    steps: Annotated[Count, Field(ge=1)] | None = None
+    """Denoising steps. Empty: the candidate's recipe's evaluation steps."""
+
+    guidance: Annotated[float, Field(ge=0.0)] | None = None
+    """Guidance scale. Empty: the candidate's recipe's evaluation guidance."""
+
+    seed: Seed | None = None
+    """Noise seed. Empty: the candidate's recipe's `sampling.seed`."""
+
+    shard_size: Annotated[Count, Field(ge=1)] = 16
+    """Prompts per evaluation task (the unit a re-run skips)."""
+
+    batch_size: Annotated[Count, Field(ge=1)] = 4
+    """Images generated per forward pass."""
+
+    device: Literal["auto", "cpu", "cuda"] = "auto"
+    """Where both versions generate and are scored (`auto`: CUDA when there is one)."""
+
+
 class Recipe(StrictModel):
-    """A unirl recipe: any of the three stages, each optional."""
+    """A unirl recipe: any of the four stages, each optional."""
 
     name: str | None = None
     """Short name of the recipe, used in run names. Empty: the recipe file's stem."""
@@ -849,3 +903,6 @@ class Recipe(StrictModel):
 
     train: TrainConfig | None = None
     """Training rounds: supervised warm-up, then RL."""
+
+    promote: PromoteConfig | None = None
+    """The promotion gate after training: the new version becomes champion only when it beats the current one."""

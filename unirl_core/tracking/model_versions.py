@@ -71,3 +71,32 @@ def download(uri: str) -> tuple[Path, str]:
         finally:
             shutil.rmtree(staging, ignore_errors=True)
     return folder, version
+
+
+def alias_version(name: str, alias: str) -> str | None:
+    """The version number `alias` of registered model `name` names, or None (no such alias, or no such model)."""
+    from mlflow.exceptions import MlflowException
+    from mlflow.tracking import MlflowClient
+
+    from unirl_core.tracking.mlflow_runs import tracking_uri
+
+    try:
+        return str(MlflowClient(tracking_uri()).get_model_version_by_alias(name, alias).version)
+    except MlflowException:
+        return None
+
+
+def record_decision(name: str, version: str, tags: dict[str, str], note: str, alias: str | None = None) -> None:
+    """Tag version `version` of `name` with a promotion decision, add `note` to its description, and (promoted)
+    point `alias` at it."""
+    from mlflow.tracking import MlflowClient
+
+    from unirl_core.tracking.mlflow_runs import tracking_uri
+
+    client = MlflowClient(tracking_uri())
+    for key, value in tags.items():
+        client.set_model_version_tag(name, version, key, value)
+    description = client.get_model_version(name, version).description or ""
+    client.update_model_version(name, version, description=f"{description}\n\n{note}".strip())
+    if alias is not None:
+        client.set_registered_model_alias(name, alias, version)
