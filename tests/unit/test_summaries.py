@@ -89,7 +89,14 @@ def test_the_pipeline_report_and_the_ingest_table_read_the_typed_summaries(capsy
     text = report(PipelineSummary(ingest=ingest, train=train, seconds={"ingest": 1.0, "train": 2.0}))
     assert "| ingest | 9 of 10 rows ok, 1 skipped, 2 shards | 1.0 |" in text
     assert "| train | 1 round, model version 3 | 2.0 |" in text and "precache" not in text  # one round, run now
-    assert "- registered model: `unirl-demo` version 3 (alias `candidate`)" in text
+    assert "- registered model: `unirl-demo` version 3 (alias `candidate`)" in text and "promot" not in text
+    from unirl_core.evaluation.promote import Promotion
+
+    refused = Promotion(model_name="unirl-demo", candidate="3", champion_before="2", promoted=False,
+                        reason="not ahead of champion version 2 on pickscore")  # fmt: skip
+    text = report(PipelineSummary(train=train, promote=refused, seconds={"train": 2.0, "promote": 4.0}))
+    assert "| promote | version 3 stays candidate (champion: version 2) | 4.0 |" in text
+    assert "- promotion: not ahead of champion version 2 on pickscore" in text
     _print_summary(ingest)
     printed = capsys.readouterr().out
     assert "skipped: no_image" in printed and "samples_in_shards" in printed and "new_units" in printed
