@@ -636,7 +636,11 @@ def eval_(
         str | None, typer.Option(help="A second model scored on the same prompts and noise: the paired differences.")
     ] = None,
     prompts: Annotated[
-        str | None, typer.Option(help="Prompt file (.txt, .jsonl, .json); default: the recipe's data.eval_data_path.")
+        str | None,
+        typer.Option(
+            help="Prompt file (.txt, .jsonl, .json) or a packaged set: geneval, ocr, aesthetic; default: the recipe's "
+            "data.eval_data_path."
+        ),
     ] = None,
     reward: Annotated[
         list[str] | None, typer.Option("--reward", "-r", help="A reward to score (repeat); default: the recipe's.")

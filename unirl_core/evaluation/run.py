@@ -287,6 +287,7 @@ def build_spec(
     sampler and rewards default to the model's recipe (its evaluation settings, its weighted rewards and guards),
     the prompts to its `data.eval_data_path`; `output_dir` to $UNIRL_HOME/eval/<key>."""
     from unirl_core.data.prompts import load_prompts
+    from unirl_core.evaluation import prompt_sets
     from unirl_core.evaluation.models import resolve, with_sampling
     from unirl_core.io import storage
 
@@ -299,11 +300,13 @@ def build_spec(
             raise EvalError(f"--against {against}: a {other.model.family} model, but {model} is {first.model.family}; "
                             "a paired comparison needs one family (the same latent noise and decoder)")  # fmt: skip
     prompts = prompts or first.data.eval_data_path
+    if prompts in prompt_sets.SETS and not Path(prompts).exists():  # a packaged set by name
+        prompts = prompt_sets.prompt_file(prompts)
     if prompts and not storage.is_url(prompts):
         prompts = str(Path(prompts).expanduser().resolve())  # one file, one identity, by any path
     if not prompts:
-        raise EvalError("no prompts: pass --prompts FILE (a .txt, .jsonl or .json prompt file), or set the recipe's "
-                        "train.data.eval_data_path")  # fmt: skip
+        raise EvalError("no prompts: pass --prompts FILE (a .txt, .jsonl or .json prompt file) or a set (geneval, ocr, "
+                        "aesthetic), or set the recipe's train.data.eval_data_path")  # fmt: skip
     load_prompts(prompts)  # a PromptDataError names the file and the record
     steps = steps or first.sampling.eval_steps
     guidance = first.sampling.eval_guidance if guidance is None else guidance

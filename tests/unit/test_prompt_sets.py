@@ -1,0 +1,48 @@
+"""The packaged benchmark prompt sets: GenEval's six tasks by its rules (records the `geneval` reward accepts), OCR
+prompts whose quoted text the `ocr` reward reads, and general prompts; each written once into the workspace, the
+same bytes every time, and found by name by `unirl eval --prompts`."""
+
+from __future__ import annotations
+
+import collections
+from pathlib import Path
+
+from unirl_core.data.prompts import load_prompts
+from unirl_core.evaluation import prompt_sets
+from unirl_core.rewards.geneval import record_problem
+
+
+def test_geneval_follows_genevals_rules_and_every_record_is_one_the_reward_reads():
+    records = prompt_sets.geneval_records(per_task=20)
+    tags = collections.Counter(r["tag"] for r in records)
+    assert tags["single_object"] == 80  # every COCO class alone
+    assert set(tags) == {"single_object", "two_object", "counting", "colors", "position", "color_attr"}
+    assert all(15 <= tags[t] <= 20 for t in tags if t != "single_object")  # 20 drawn, duplicates dropped
+    assert all(record_problem(r) is None for r in records)
+    assert len({r["prompt"] for r in records}) == len(records)
+    for r in records:
+        if r["tag"] == "counting":
+            (include,), (exclude,) = r["include"], r["exclude"]
+            assert exclude == {"class": include["class"], "count": include["count"] + 1}
+            assert r["prompt"].split()[3] == prompt_sets.NUMBERS[include["count"]]
+        if r["tag"] in ("colors", "color_attr"):
+            assert all(c["class"] != "person" and c["color"] in r["prompt"] for c in r["include"])
+        if r["tag"] == "position":
+            target, placed = r["include"]
+            assert r["prompt"] == f"a photo of {prompt_sets._article(placed['class'])} {placed['position'][0]} " \
+                                  f"{prompt_sets._article(target['class'])}"  # fmt: skip
+    assert prompt_sets.geneval_records(per_task=20) == records  # seeded
+
+
+def test_sets_are_files_in_the_workspace_with_the_records_each_reward_reads(tmp_path, monkeypatch):
+    monkeypatch.setenv("UNIRL_HOME", str(tmp_path))
+    for name in prompt_sets.SETS:
+        path = prompt_sets.prompt_file(name)
+        before = (tmp_path / "prompt_sets" / f"{name}.jsonl").read_bytes()
+        assert prompt_sets.prompt_file(name) == path and Path(path).read_bytes() == before
+        examples = load_prompts(path)
+        assert len(examples) >= 30
+    ocr = load_prompts(prompt_sets.prompt_file("ocr"))
+    assert all(e.prompt.split('"')[1] == e.metadata["text"] for e in ocr)  # the text the ocr reward reads
+    geneval = load_prompts(prompt_sets.prompt_file("geneval"))
+    assert all(record_problem(e.metadata) is None for e in geneval)  # the record reaches the reward as metadata
