@@ -177,6 +177,8 @@ def test_deployments_run_trigger_schedule_and_cancel(served):
     assert len(client.get_metric_history(run.info.run_id, "reward_mean")) == 2
     assert run.data.tags["prefect.flow_run_id"]
     assert client.get_model_version_by_alias("unirl-pipeline_demo", "candidate").run_id == run.info.run_id
+    champion = client.get_model_version_by_alias("unirl-pipeline_demo", "champion")  # the gate ran: the first version
+    assert champion.run_id == run.info.run_id and champion.tags["unirl.promotion"] == "promoted"
 
     # the pipeline's ingest committed a new dataset -> its event triggered retrain (not a scheduled run)
     triggered = wait_for(

@@ -48,7 +48,8 @@ def test_pipeline_runs_every_stage_and_a_rerun_redoes_nothing(prefect_harness, t
     assert sorted(ingest.skip_reasons) == ["blocked_address", "decode_error", "no_image"]
     assert precache.samples == 16
     assert [r.round for r in train.rounds] == ["warmup round 0", "rl round 0"]
-    assert train.alias == "candidate" and set(first.seconds) == {"ingest", "precache", "train"}
+    assert train.alias == "candidate" and set(first.seconds) == {"ingest", "precache", "train", "promote"}
+    assert first.promote.promoted and first.promote.reason.startswith("the first version")  # the gate's stage
     assert PipelineSummary.model_validate_json(first.model_dump_json()) == first  # JSON round trip, no pickle
     # in MLflow: a parent run per pipeline holding each stage's numbers, the training run its child
     from mlflow.tracking import MlflowClient
@@ -62,6 +63,7 @@ def test_pipeline_runs_every_stage_and_a_rerun_redoes_nothing(prefect_harness, t
     again = pipeline(recipe)
     assert all(r.skipped for r in again.train.rounds)  # every round already committed
     assert again.train.model_version == train.model_version  # no second registration
+    assert again.promote.reason == f"version {train.model_version} is the champion already"
     assert again.precache.samples == 16 and (first.precache.encoded, again.precache.encoded) == (16, 0)
     table = report(again).splitlines()  # what `unirl run` prints: every stage says it reused its outputs
     assert (
