@@ -22,3 +22,20 @@ def test_every_gate_metric_must_clear_its_margin_at_the_lower_bound():
     assert said.startswith("not ahead of champion version 4 on ocr +0.0500 [-0.0100, +0.1000] vs margin 0")
     assert "pickscore" not in said  # only what failed is named
     assert reason(rows[:1], "4") == "ahead of champion version 4 on pickscore +0.0200 [+0.0110, +0.0300] vs margin 0.01"
+
+
+def test_an_unknown_gate_reward_is_a_recipe_error_naming_its_path(tmp_path):
+    import pytest
+    import yaml
+
+    from unirl_core.config import load_recipe
+    from unirl_core.config.recipe import RecipeError, packaged_recipes
+
+    recipe = yaml.safe_load(packaged_recipes()["demo"].read_text())
+    recipe["promote"] = {"gate": [{"reward": "jpeg_compressibility"}, {"reward": "pickscor"}], "report": ["brightnes"]}
+    path = tmp_path / "gated.yaml"
+    path.write_text(yaml.safe_dump(recipe))
+    with pytest.raises(RecipeError) as error:
+        load_recipe(str(path), [])
+    assert "promote.gate.1.reward: got 'pickscor'" in str(error.value)
+    assert "promote.report.0: got 'brightnes'" in str(error.value) and "2 error(s)" in str(error.value)

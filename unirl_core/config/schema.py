@@ -906,3 +906,16 @@ class Recipe(StrictModel):
 
     promote: PromoteConfig | None = None
     """The promotion gate after training: the new version becomes champion only when it beats the current one."""
+
+    def problems(self) -> Iterator[Problem]:
+        yield from super().problems()
+        if self.promote is None:
+            return
+        from unirl_core.rewards.names import builtin_names, is_plugin
+
+        known = builtin_names() | set(self.train.reward.remote if self.train else {})
+        names = [(f"promote.gate.{i}.reward", m.reward) for i, m in enumerate(self.promote.gate)]
+        names += [(f"promote.report.{i}", name) for i, name in enumerate(self.promote.report)]
+        for path, name in names:
+            if not is_plugin(name) and name not in known:
+                yield path, name, f"an unknown reward: choose one of {sorted(known)}"
