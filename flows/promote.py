@@ -16,7 +16,7 @@ from tasks.progress import report
 from unirl_core.config.schema import PromoteConfig, TrainConfig
 from unirl_core.errors import UserError
 from unirl_core.evaluation.promote import Promotion, judge, markdown, reason
-from unirl_core.evaluation.run import build_spec, check_folder
+from unirl_core.evaluation.run import NotComparableError, build_spec, check_folder
 
 
 def model_name_of(recipe) -> str:
@@ -47,23 +47,7 @@ def promote(config: PromoteConfig, model_name: str, recipe_train: TrainConfig | 
         promotion = Promotion(model_name=model_name, candidate=candidate, champion_before=None, promoted=True,
                               reason=f"the first version: no {config.champion_alias} to beat")  # fmt: skip
     else:
-        rewards = [m.reward for m in config.gate] + [
-            r for r in config.report if r not in {m.reward for m in config.gate}
-        ]
-        prompts = config.prompts or (recipe_train.data.eval_data_path if recipe_train else None)
-        if not prompts:
-            raise UserError("promote.prompts: the gate needs a prompt file (or train.data.eval_data_path)")
-        spec = build_spec(f"models:/{model_name}/{candidate}", f"models:/{model_name}/{champion}", recipe_train,
-                          prompts, rewards, config.steps, config.guidance, config.seed, config.shard_size,
-                          config.batch_size, device=config.device)  # fmt: skip
-        check_folder(spec)
-        result = evaluate(spec)
-        rows = judge(result.differences, config.gate)
-        gated = {m.reward for m in config.gate}
-        promotion = Promotion(model_name=model_name, candidate=candidate, champion_before=champion,
-                              promoted=all(row.passed for row in rows), reason=reason(rows, champion), gate=rows,
-                              reported=[d for d in result.differences if d["reward"] not in gated],
-                              eval_dir=spec.output_dir)  # fmt: skip
+        promotion = _against_champion(config, model_name, candidate, champion, recipe_train)
     decision = "promoted" if promotion.promoted else "rejected"
     tags = {"unirl.promotion": decision, "unirl.promotion.reason": promotion.reason[:5000],
             "unirl.promotion.against": champion or ""}  # fmt: skip
@@ -80,3 +64,26 @@ def promote(config: PromoteConfig, model_name: str, recipe_train: TrainConfig | 
     )
     print(f"{model_name} version {candidate}: {decision} ({promotion.reason})")
     return promotion
+
+
+def _against_champion(config: PromoteConfig, model_name: str, candidate: str, champion: str, recipe_train):
+    """The candidate evaluated against the champion (the `evaluate` flow) and judged by the gate; a champion of
+    another family cannot be compared and stays."""
+    gated = [m.reward for m in config.gate]
+    prompts = config.prompts or (recipe_train.data.eval_data_path if recipe_train else None)
+    if not prompts:
+        raise UserError("promote.prompts: the gate needs a prompt file or set (or train.data.eval_data_path)")
+    try:
+        spec = build_spec(f"models:/{model_name}/{candidate}", f"models:/{model_name}/{champion}", recipe_train,
+                          prompts, gated + [r for r in config.report if r not in gated], config.steps, config.guidance,
+                          config.seed, config.shard_size, config.batch_size, device=config.device)  # fmt: skip
+    except NotComparableError as exc:
+        return Promotion(model_name=model_name, candidate=candidate, champion_before=champion, promoted=False,
+                         reason=f"not comparable with champion version {champion} ({exc}); move the "
+                         f"{config.champion_alias} alias by hand to replace it")  # fmt: skip
+    check_folder(spec)
+    result = evaluate(spec)
+    rows = judge(result.differences, config.gate)
+    return Promotion(model_name=model_name, candidate=candidate, champion_before=champion,
+                     promoted=all(row.passed for row in rows), reason=reason(rows, champion), gate=rows,
+                     reported=[d for d in result.differences if d["reward"] not in gated], eval_dir=spec.output_dir)  # fmt: skip

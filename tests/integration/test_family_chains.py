@@ -19,6 +19,7 @@ def test_the_whole_chain_runs_on_the_family(family, prefect_harness, tmp_path, m
     from unirl_core.data.synthetic import write_synthetic_parquet
     from unirl_core.models.registry import family_class
 
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{tmp_path / 'mlflow.db'}")  # each family's own registry
     monkeypatch.setenv("INPUT_PARQUET", write_synthetic_parquet(str(tmp_path / "synthetic.parquet"), rows=8))
     monkeypatch.setenv("DATA_PATH", demo_prompts(family, tmp_path, 8))
     warmup = family_class(family).text_only_conditioning  # else: prompts encode with their images, no warm-up

@@ -59,6 +59,12 @@ def test_a_better_candidate_becomes_champion_and_a_worse_one_is_refused(prefect_
     assert "stays candidate" in refused.description
     assert refused.tags["unirl.promotion.jpeg_compressibility"].startswith("-")  # the difference, recorded
 
+    # a version of another family cannot be compared on the same noise: refused with the reason, the champion kept
+    said = train_and_promote("sd15", "--set", "train.model.family=sd15", "--set", "train.model.path=tiny:sd15",
+                             "--set", "train.model.lora.target_modules=[to_q,to_k,to_v,to_out.0]")  # fmt: skip
+    assert "version 4 stays candidate: not comparable with champion version 2" in said
+    assert client.get_model_version_by_alias("unirl-gated", "champion").version == 2
+
     with get_client(sync_client=True) as prefect:
         artifacts = prefect.read_artifacts(artifact_filter=ArtifactFilter(key=ArtifactFilterKey(any_=["promotion"])))
     assert any("version 3: stays candidate" in str(a.data) for a in artifacts)

@@ -41,6 +41,10 @@ class EvalError(UserError, ValueError):
     """An evaluation that cannot run as asked; the message names the input and the fix."""
 
 
+class NotComparableError(EvalError):
+    """Two models a paired evaluation cannot compare (another family or domain: other noise, another decoder)."""
+
+
 class EvalSpec(BaseModel):
     """Everything an evaluation's numbers depend on, and where it writes."""
 
@@ -297,7 +301,7 @@ def build_spec(
     if len(models) == 2:
         other = models[1].config
         if (first.domain.name, first.model.family) != (other.domain.name, other.model.family):
-            raise EvalError(f"--against {against}: a {other.model.family} model, but {model} is {first.model.family}; "
+            raise NotComparableError(f"--against {against}: a {other.model.family} model, but {model} is {first.model.family}; "
                             "a paired comparison needs one family (the same latent noise and decoder)")  # fmt: skip
     prompts = prompts or first.data.eval_data_path
     if prompts in prompt_sets.SETS and not Path(prompts).exists():  # a packaged set by name
