@@ -409,6 +409,10 @@ def _train_rounds(recipe, local: bool = False) -> None:
         _print_reward_trend(reward_trend(rewards))
     for grid in [g for entry in summary.rounds for g in (entry.samples, entry.eval_samples) if g]:
         typer.echo(f"samples: {grid}")
+    if summary.eval is not None and summary.eval.best_step is not None:
+        found = summary.eval
+        typer.echo(f"eval: {len(found.points)} points, best step {found.best_step} (eval/{found.best_metric} "
+                   f"{found.best_value:.4f}); {len(found.breaches)} guard breach{'es' * (len(found.breaches) != 1)}")  # fmt: skip
     typer.echo(f"checkpoint: {summary.checkpoint}")
     typer.echo(f"exported: {summary.export}")
     typer.echo(f"registered model: {summary.registered_model} version {summary.model_version} (alias {summary.alias})")
@@ -428,6 +432,10 @@ def _step_rows(display: console.CommandProgress, rewards: list[float]):
     display; RL rewards are collected in `rewards` for the trend."""
 
     def show(kind: str, row) -> None:
+        if kind == "train_eval":  # a `train.eval` point
+            from unirl_core.controller.train_eval import eval_line
+
+            display.line(f"  {eval_line(row)}")
         if kind != "train_step":
             return
         if row["stage"] == "warmup":
@@ -453,7 +461,8 @@ def _train_summary(recipe, local: bool, show):
             report("train_step", row)  # the progress display
             show("train_step", row)
 
-        return train_in_process(recipe.train, name, recipe.precache, on_step=each_step)
+        return train_in_process(recipe.train, name, recipe.precache, on_step=each_step,
+                                on_eval=lambda point: show("train_eval", point))  # fmt: skip
     from flows.train import train as train_flow
     from tasks.progress import add_listener, remove_listener
 

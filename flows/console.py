@@ -220,9 +220,8 @@ class CommandProgress:
         if kind == "stage" and amount != self.stage:  # (ingest rows may come first: `unirl ingest`'s head start)
             self.start_stage(amount, self.train_steps if amount == "train" else None)
         elif self.stage == "starting":
-            self.start_stage(
-                "train" if kind == "train_step" else "ingest", self.train_steps if kind == "train_step" else None
-            )
+            training = kind in ("train_step", "train_eval")  # (an eval point comes before the first step)
+            self.start_stage("train" if training else "ingest", self.train_steps if training else None)
         if kind == "total_rows":
             self.bar.update(self.current, total=amount)
         elif kind == "rows":

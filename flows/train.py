@@ -15,6 +15,7 @@ from tasks.progress import report
 from unirl_core.config.precache import PrecacheConfig
 from unirl_core.config.schema import TrainConfig
 from unirl_core.controller import RAY_RECORD, output_dir, plan_rounds
+from unirl_core.controller.train_eval import curve
 from unirl_core.summaries import TrainSummary
 
 
@@ -42,7 +43,8 @@ def train(config: TrainConfig, run_name: str = "train", precache: PrecacheConfig
         rounds.append(train_tasks.train_round(config, index, label, run_name, precache))
         update_progress_artifact(progress, progress=100.0 * round_.end / max(planned[-1].end, 1))
     final = train_tasks.register_model(config, run_name)
-    summary = TrainSummary(rounds=rounds, final_metrics=rounds[-1].metrics, **final.model_dump())
+    summary = TrainSummary(rounds=rounds, final_metrics=rounds[-1].metrics, eval=curve(config, output_dir(config)),
+                           **final.model_dump())  # fmt: skip
     create_markdown_artifact(markdown=_report(summary), key="train-summary", description=f"training {run_name}")
     return summary
 
@@ -59,6 +61,7 @@ def _report(summary: TrainSummary) -> str:
             f"| {s.round} | {s.first_step}-{s.end_step - 1} | {fmt(reward)} | {fmt(loss)} | {seconds} "
             f"| {resumed_from} |"
         )
+    lines += eval_report(summary.eval)
     lines += [
         "",
         f"- checkpoint: `{summary.checkpoint}`",
@@ -72,3 +75,21 @@ def _report(summary: TrainSummary) -> str:
         ),
     ]
     return "\n".join(lines)
+
+
+def eval_report(found) -> list[str]:
+    """`train.eval`'s curve as a markdown table (a row per point, a column per metric), its best step, breaches."""
+    if found is None or not found.points:
+        return []
+    names = list(found.points[0].metrics)
+    lines = ["", "Evaluation during training (`train.eval`: mean [95 % interval] per prompt set and reward):", "",
+             "| step | " + " | ".join(f"eval/{n}" for n in names) + " | training reward |",
+             "|---|" + "---|" * (len(names) + 1)]  # fmt: skip
+    for point in found.points:
+        cells = [f"{m['mean']:.4f} [{m['low']:.4f}, {m['high']:.4f}]" for m in (point.metrics[n] for n in names)]
+        reward = "" if point.train_reward is None else f"{point.train_reward:.4f}"
+        lines.append(f"| {point.step} | " + " | ".join(cells) + f" | {reward} |")
+    if found.best_step is not None:
+        lines += ["", f"- best step: {found.best_step} (eval/{found.best_metric} {found.best_value:.4f})"]
+    lines += [f"- **guard breached**, {message}" for message in found.breaches]
+    return lines

@@ -22,6 +22,7 @@ def remove_listener(listener: Callable[[str, Any], None]) -> None:
 
 
 def report(kind: str, amount: Any) -> None:
-    """`kind` is "total_rows" (announce the work), "rows" (rows finished) or "train_step" (a metrics row)."""
+    """`kind` is "total_rows" (announce the work), "rows" (rows finished), "train_step" (a metrics row) or
+    "train_eval" (a `train.eval` point)."""
     for listener in list(_listeners):
         listener(kind, amount)

@@ -14,6 +14,7 @@ from tasks.retries import retry_unless
 from unirl_core.config.precache import PrecacheConfig
 from unirl_core.config.schema import TrainConfig
 from unirl_core.controller import RoundDeadlineError, finalize, plan_rounds, run_round
+from unirl_core.controller.train_eval import eval_line
 from unirl_core.distributed.worker_group import WorkerLostError
 from unirl_core.errors import UserError
 from unirl_core.summaries import ExportSummary, RoundSummary
@@ -69,7 +70,12 @@ def train_round(
         if (row["step"] - round_.first) % every == 0 or row["step"] == round_.end - 1:
             logger.info(step_line(row))  # the flow run's logs in the Prefect UI
 
-    summary = run_round(config, round_, run_name=run_name, precache=precache, tags=prefect_tags(), on_step=on_step)
+    def on_eval(point: dict) -> None:  # `train.eval`: every point
+        report("train_eval", point)
+        logger.info(eval_line(point))
+
+    summary = run_round(config, round_, run_name=run_name, precache=precache, tags=prefect_tags(), on_step=on_step,
+                        on_eval=on_eval)  # fmt: skip
     return RoundSummary.model_validate(summary)  # a dict today; a RoundSummary passes through as itself
 
 

@@ -4,7 +4,7 @@
     PrecacheSummary   the precache flow          built by unirl_core.precache.stages.summarize
     RoundSummary      one training round         trainer.run_round (validated at the task boundary)
     ExportSummary     the final export + model   trainer.finalize (validated at the task boundary)
-    TrainSummary      the train flow             its rounds and the final export
+    TrainSummary      the train flow             its rounds, the final export and `train.eval`'s EvalCurve
     PipelineSummary   the pipeline flow          each stage's summary and wall time
 
 Frozen pydantic models that refuse undeclared keys (a renamed key is an error, not a silent None downstream) and
@@ -69,6 +69,31 @@ class RoundSummary(_Summary):
     seconds: float | None = None  # wall time of the round (None when skipped)
 
 
+class EvalPoint(_Summary):
+    """One evaluation during training (`train.eval`: unirl_core/controller/train_eval.py)."""
+
+    model_config = ConfigDict(ser_json_inf_nan="constants")  # the interval of one prompt is NaN, kept as NaN
+
+    step: int  # global step whose weights (before it trains) were evaluated
+    digest: str  # what the numbers depend on (sets, rewards, steps, guidance, seed): another is recomputed
+    metrics: dict[str, dict[str, float]]  # `<set>/<reward>` -> mean, low, high, n
+    train_reward: float | None = None  # mean reward_mean of the steps since the previous point (None at the first)
+    first_train_reward: float | None = None  # reward_mean of the first RL step (None at the first point)
+    seconds: float = 0.0
+
+
+class EvalCurve(_Summary):
+    """Every point of a run, the best one of `train.eval.best`, and the guards' breaches."""
+
+    model_config = ConfigDict(ser_json_inf_nan="constants")
+
+    points: list[EvalPoint]
+    best_metric: str
+    best_step: int | None = None
+    best_value: float | None = None
+    breaches: list[str] = []
+
+
 class ExportSummary(_Summary):
     export: str  # folder of the exported adapter (LoRA) or merged pipeline
     checkpoint: str  # the committed checkpoint it was exported from
@@ -86,6 +111,7 @@ class TrainSummary(ExportSummary):
 
     rounds: list[RoundSummary]  # in order: warm-up rounds, then RL rounds
     final_metrics: dict[str, float] = Field(default_factory=dict)  # the last round's last step
+    eval: EvalCurve | None = None  # `train.eval`'s points, best step and guard breaches (None without it)
 
 
 class PipelineSummary(_Summary):

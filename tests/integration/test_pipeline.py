@@ -50,6 +50,16 @@ def test_pipeline_runs_every_stage_and_a_rerun_redoes_nothing(prefect_harness, t
     assert [r.round for r in train.rounds] == ["warmup round 0", "rl round 0"]
     assert train.alias == "candidate" and set(first.seconds) == {"ingest", "precache", "train", "promote"}
     assert first.promote.promoted and first.promote.reason.startswith("the first version")  # the gate's stage
+    # train.eval on the Ray workers: the point before the first RL step (after the warm-up) and after the last
+    assert [p.step for p in train.eval.points] == [2, 4] and train.eval.best_step in (2, 4)
+    assert set(train.eval.points[0].metrics) == {"aesthetic/jpeg_compressibility", "aesthetic/edge_density"}
+    assert train.eval.points[0].metrics["aesthetic/jpeg_compressibility"]["n"] == 4
+    from prefect.client.orchestration import get_client
+
+    with get_client(sync_client=True) as prefect_client:
+        artifacts = {a.key: a for a in prefect_client.read_latest_artifacts()}
+    assert "Evaluation during training" in artifacts["train-summary"].data  # the eval curve on the flow run's page
+    assert f"best step: {train.eval.best_step}" in artifacts["train-summary"].data
     assert PipelineSummary.model_validate_json(first.model_dump_json()) == first  # JSON round trip, no pickle
     # in MLflow: a parent run per pipeline holding each stage's numbers, the training run its child
     from mlflow.tracking import MlflowClient

@@ -667,6 +667,92 @@ class CheckpointConfig(StrictModel):
     `step_N.corrupt` and resumes from the previous committed one (its steps are trained again)."""
 
 
+class EvalSetConfig(StrictModel):
+    """One prompt set evaluated during training."""
+
+    prompts: str
+    """A packaged set (`geneval`, `ocr`, `aesthetic`) or a prompt file (.txt, .jsonl, .json; GenEval's and
+    flow_grpo's metadata files load as they are)."""
+
+    name: OptionalStr = None
+    """The set's name in metric keys (`eval/<name>/<reward>`). Empty: the packaged set's name, else the file's stem."""
+
+    count: Annotated[Count, Field(ge=1)] | None = None
+    """Evaluate the first N prompts only (file order). Empty: all of them."""
+
+    def label(self) -> str:
+        from pathlib import PurePath
+
+        return self.name or PurePath(self.prompts).stem
+
+
+class EvalGuardConfig(StrictModel):
+    """A held-out metric that must not fall while the training reward rises (reward hacking)."""
+
+    metric: str
+    """`<set>/<reward>` of `train.eval` (a set's name and one of `train.eval.rewards`)."""
+
+    tolerance: Annotated[float, Field(ge=0.0)] = 0.0
+    """How far below its first evaluation (the weights before the first RL step) it may fall."""
+
+    stop: bool = False
+    """Stop the run at a breach (the breach's checkpoint committed, the run failed with the reason); else the breach
+    is logged and shown and training goes on."""
+
+
+class TrainEvalConfig(StrictModel):
+    """Scored evaluation during RL: prompt sets generated with fixed noise per prompt (eta 0, the training's
+    sampler) and scored by named rewards, before the first RL step, every `every` steps and after the last; each
+    metric to MLflow as `eval/<set>/<reward>` on the step axis with its per-prompt table."""
+
+    every: Annotated[Count, Field(ge=1)]
+    """Evaluate every N RL steps (and before the first, and after the last)."""
+
+    sets: list[EvalSetConfig] = Field(min_length=1)
+    """The prompt sets."""
+
+    rewards: list[str] = Field(min_length=1)
+    """Rewards scored (may differ from the training rewards: held-out judges). Model rewards take their settings
+    from `train.reward`'s sections (e.g. `train.reward.pickscore`)."""
+
+    steps: Annotated[Count, Field(ge=1)] | None = None
+    """Denoising steps. Empty: `sampling.eval_num_inference_steps`, else `sampling.num_inference_steps`."""
+
+    guidance: Annotated[float, Field(ge=0.0)] | None = None
+    """Guidance scale. Empty: `sampling.eval_guidance_scale`, else `sampling.guidance_scale`."""
+
+    batch_size: Annotated[Count, Field(ge=1)] = 8
+    """Images a rank generates per forward pass."""
+
+    best: OptionalStr = None
+    """`<set>/<reward>` whose highest value names the best step. Empty: the first set's first reward."""
+
+    guards: list[EvalGuardConfig] = []
+    """Held-out metrics that must not fall while the training reward rises."""
+
+    def metric_names(self) -> list[str]:
+        return [f"{s.label()}/{r}" for s in self.sets for r in self.rewards]
+
+    def best_metric(self) -> str:
+        return self.best or self.metric_names()[0]
+
+    def problems(self) -> Iterator[Problem]:
+        yield from super().problems()
+        labels = [s.label() for s in self.sets]
+        for i, label in enumerate(labels):
+            if "/" in label or not label:
+                yield f"sets.{i}.name", label, "a name without '/' (it is a part of the metric keys)"
+            elif labels.index(label) != i:
+                yield f"sets.{i}.name", label, f"a name no other set has (set {labels.index(label)} is {label!r})"
+        if len(set(self.rewards)) != len(self.rewards):
+            yield "rewards", self.rewards, "each reward once"
+        known = self.metric_names()
+        named = [("best", self.best)] + [(f"guards.{i}.metric", g.metric) for i, g in enumerate(self.guards)]
+        for path, metric in named:
+            if metric is not None and metric not in known:
+                yield path, metric, f"one of {known} (<set>/<reward>)"
+
+
 def _shares_group_noise(name) -> bool:
     try:
         return isinstance(name, str) and algorithm_class(name).shares_group_noise
@@ -735,6 +821,10 @@ class TrainConfig(StrictModel):
     grid_images_per_prompt: Annotated[Count, Field(ge=1)] = 4
     """... and the first K samples of each. Only these images leave the ranks (a step's images stay there)."""
 
+    eval: TrainEvalConfig | None = None
+    """Scored evaluation of prompt sets during RL (metrics `eval/<set>/<reward>`, the best step, guards). Empty:
+    none."""
+
     ema: EMAConfig | None = None
     """EMA of the trained weights for evaluation and export. Empty: none."""
 
@@ -762,9 +852,28 @@ class TrainConfig(StrictModel):
                 data = {**data, "sampling": {"share_group_noise": True, **sampling}}
         return data
 
+    def eval_reward(self) -> RewardConfig:
+        """The reward settings of `eval`: its rewards, each alone (weight 1, no guards), the model rewards' folders
+        from `reward`."""
+        rewards = self.eval.rewards if self.eval else []
+        return RewardConfig.model_validate(
+            self.reward.model_dump() | {"weights": dict.fromkeys(rewards, 1.0), "guards": [], "placement": "colocated"}
+        )
+
     def problems(self) -> Iterator[Problem]:
         yield from super().problems()
         yield from domain_class(self.domain.name).config_problems(self)
+        if self.eval is not None:
+            from unirl_core.rewards.names import builtin_names, is_plugin
+
+            known = builtin_names() | set(self.reward.remote)
+            for i, name in enumerate(self.eval.rewards):
+                if not is_plugin(name) and name not in known:
+                    yield f"eval.rewards.{i}", name, f"a known reward: one of {sorted(known)}"
+            reported = {path for path, _, _ in self.reward.problems()}
+            for path, bad, message in self.eval_reward().problems():
+                if path not in reported and not path.startswith("weights"):  # a model reward's missing folder
+                    yield f"reward.{path}", bad, f"{message} (train.eval.rewards scores it)"
         for path, bad, fix in algorithm_class(self.algorithm.name).config_problems(self.algorithm):
             yield f"algorithm.{path}", bad, fix
         if self.algorithm.beta > 0 and self.model.lora is None:

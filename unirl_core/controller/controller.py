@@ -76,8 +76,9 @@ class Controller:
     """One round on the controller: the group, the data source, the advantage tracker, the round's strategy (RL or
     warm-up: `rounds.py`), the checkpoints of their named states, the metrics file, the grids and tracking."""
 
-    def __init__(self, config: TrainConfig, round_: Round, group, mlflow_run, precache, on_step):
+    def __init__(self, config: TrainConfig, round_: Round, group, mlflow_run, precache, on_step, on_eval=None):
         self.config, self.round, self.group, self.mlflow_run, self.on_step = config, round_, group, mlflow_run, on_step
+        self.on_eval = on_eval  # `train.eval`'s points, as `train_eval.eval_line` reads them
         self.out = output_dir(config)
         self.workers = config.ray.workers
         self.source = build_source(config.data)
@@ -126,8 +127,11 @@ class Controller:
             stage_step = step - round_.stage_start
             metrics = self.strategy.step(stage_step, remaining, last)
             self.log(step, metrics)
-            if last or (every and (stage_step + 1) % every == 0):
+            stop = self.strategy.after_step(step, deadline)
+            if last or stop is not None or (every and (stage_step + 1) % every == 0):
                 self.checkpoint(step)
+            if stop is not None:
+                raise stop
         return metrics
 
     def _remaining(self, deadline: float, step: int) -> float:
@@ -177,9 +181,11 @@ def run_round(
     tags: dict[str, str] | None = None,
     on_step: Callable[[dict], None] | None = None,
     local: bool = False,
+    on_eval: Callable[[dict], None] | None = None,
 ) -> RoundSummary:
     """Run (or finish) one round; a round whose steps are all committed is a no-op. `local`: one rank in this
-    process instead of Ray workers (`train.ray.workers` must be 1)."""
+    process instead of Ray workers (`train.ray.workers` must be 1). `on_step(row)` after each step's log,
+    `on_eval(point)` after each `train.eval` point computed."""
     from unirl_core.distributed.groups import worker_group
 
     validate(config, precache)
@@ -202,7 +208,7 @@ def run_round(
         mlflow_run.system_metrics(),
     ):
         shards = group.run(TrainWorker.build, config.model_dump_json(), round_.stage, served)
-        controller = Controller(config, round_, group, mlflow_run, precache, on_step)
+        controller = Controller(config, round_, group, mlflow_run, precache, on_step, on_eval)
         metrics, outputs = controller.run(latest, record, deadline)
         group.run(TrainWorker.teardown)
     return RoundSummary(

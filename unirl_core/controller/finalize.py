@@ -11,6 +11,7 @@ from collections.abc import Callable
 from unirl_core.config.schema import TrainConfig
 from unirl_core.controller.controller import latest_record, open_tracker, run_round
 from unirl_core.controller.round_plan import TrainingConfigError, output_dir, plan_rounds
+from unirl_core.controller.train_eval import curve
 from unirl_core.summaries import ExportSummary, TrainSummary
 from unirl_core.worker.checkpoint import CheckpointError
 
@@ -61,6 +62,7 @@ def train_in_process(
     run_name: str = "train",
     precache=None,
     on_step: Callable[[dict], None] | None = None,
+    on_eval: Callable[[dict], None] | None = None,
 ) -> TrainSummary:
     """Every round of `config` on one rank in this process (no Prefect, no Ray), resumable like the flow's, then
     the export and its registration. The config must have `train.ray.workers: 1`."""
@@ -75,9 +77,11 @@ def train_in_process(
             "train.reward.placement: dedicated serves the model rewards from Ray actors, which training in this "
             "process (--local) does not start: drop --local, or set train.reward.placement=colocated"
         )
-    rounds = [run_round(config, r, run_name, precache, on_step=on_step, local=True) for r in plan_rounds(config)]
+    rounds = [run_round(config, r, run_name, precache, on_step=on_step, local=True, on_eval=on_eval)
+              for r in plan_rounds(config)]  # fmt: skip
     final = finalize(config, run_name)
-    return TrainSummary(**final.model_dump(), rounds=rounds, final_metrics=rounds[-1].metrics)
+    return TrainSummary(**final.model_dump(), rounds=rounds, final_metrics=rounds[-1].metrics,
+                        eval=curve(config, output_dir(config)))  # fmt: skip
 
 
 __all__ = ["finalize", "train_in_process"]

@@ -21,7 +21,7 @@ class Grids:
 
     def evaluate(self, step: int, timeout: float) -> str:
         """Deterministic samples of the evaluation prompts (or the first prompts of the source) as a grid."""
-        from unirl_core.controller.rounds import split_even
+        from unirl_core.controller.round_plan import indexed_shares
         from unirl_core.data.sources import load_eval_prompts
 
         config, workers = self.config, self.workers
@@ -31,10 +31,8 @@ class Grids:
             while len(prompts) < config.eval_prompts:
                 prompts += [p.prompt for p in source.next_batch()]
             prompts = prompts[: config.eval_prompts]
-        padded = prompts + prompts[: (-len(prompts)) % workers]  # equal shares: every rank runs the same passes
-        per_rank = len(padded) // workers
-        shares = [(share, r * per_rank) for r, share in enumerate(split_even(padded, workers))]
-        results = self.group.scatter(TrainWorker.evaluate, shares, config.sampling.seed, timeout=timeout)
+        results = self.group.scatter(TrainWorker.evaluate, indexed_shares(prompts, workers), config.sampling.seed,
+                                     timeout=timeout)  # fmt: skip
         outputs = [output for r in results for output in r][: len(prompts)]
         grid = self.domain.grid(outputs, prompts, cols=1)
         return self.save_grid(grid, self.out / "samples" / f"eval_step_{step:08d}.png", "eval", step)

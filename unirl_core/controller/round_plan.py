@@ -90,12 +90,27 @@ def _data_problems(config: TrainConfig) -> list[str]:
     except ValueError as exc:
         raise TrainingConfigError(f"training cannot start: train.data: {exc}") from None
     available = getattr(source, "prompts", None)
+    problems = []
     if available is not None and len(available) < config.data.prompts_per_rollout:
-        return [
+        problems.append(
             f"train.data.prompts_per_rollout: {config.data.prompts_per_rollout} prompts per rollout, but the source "
             f"has only {len(available)} prompts; lower it or add prompts"
-        ]
-    return []
+        )
+    return problems + _eval_problems(config)
+
+
+def _eval_problems(config: TrainConfig) -> list[str]:
+    """`train.eval`'s prompt sets load (a packaged set's name or a readable prompt file)."""
+    from unirl_core.data.prompts import PromptDataError, load_prompts
+    from unirl_core.evaluation import prompt_sets
+
+    problems = []
+    for i, eval_set in enumerate(config.eval.sets if config.eval and config.steps else []):
+        try:
+            load_prompts(prompt_sets.resolve(eval_set.prompts))
+        except PromptDataError as exc:
+            problems.append(f"train.eval.sets.{i}.prompts: {exc} (or a packaged set: {', '.join(prompt_sets.SETS)})")
+    return problems
 
 
 def _warmup_problems(config: TrainConfig, precache) -> list[str]:
@@ -130,3 +145,17 @@ def output_dir(config: TrainConfig) -> Path:
             "filesystem path (mount the bucket, e.g. with a CSI driver, on every node)"
         )
     return Path(config.output_dir.removeprefix("file://"))
+
+
+def split_even(items: list, workers: int) -> list[list]:
+    """Equal contiguous shares (samples are group-major, so a share of whole groups never cuts a group)."""
+    per_rank = len(items) // workers
+    return [items[r * per_rank : (r + 1) * per_rank] for r in range(workers)]
+
+
+def indexed_shares(items: list, workers: int) -> list[tuple[list, int]]:
+    """(share, index of its first item) per rank of evaluation `items`, padded with the first items to equal shares
+    (every rank runs the same passes: FSDP's collectives need that); results past len(items) are padding."""
+    padded = items + items[: (-len(items)) % workers]
+    per_rank = len(padded) // workers
+    return [(share, r * per_rank) for r, share in enumerate(split_even(padded, workers))]

@@ -3,8 +3,9 @@ checkpoints, the metrics file). The controller asks its round's strategy; nothin
 
 | strategy      | named states     | before the steps    | one step                                            | after the steps          |
 |---------------|------------------|---------------------|-----------------------------------------------------|--------------------------|
-| `RLRound`     | -                | -                   | prompts -> groups -> rollout + rewards -> advantages | sample grid, eval grid   |
-|               |                  |                     | -> train                                            |                          |
+| `RLRound`     | -                | `train.eval` point  | prompts -> groups -> rollout + rewards -> advantages | sample grid, eval grid   |
+|               |                  |                     | -> train; `train.eval` point when due (before the   |                          |
+|               |                  |                     | step's checkpoint)                                  |                          |
 | `WarmupRound` | the warm-up data | the fixed-draw eval | a supervised batch                                  | the fixed-draw eval      |
 """
 
@@ -16,7 +17,7 @@ from typing import Any, ClassVar
 import numpy as np
 
 from unirl_core.algorithms.advantages import compute_advantages, per_reward_advantages
-from unirl_core.controller.round_plan import plan_rounds
+from unirl_core.controller.round_plan import plan_rounds, split_even
 from unirl_core.data.grpo_groups import expand_groups
 from unirl_core.worker.worker import TrainWorker
 
@@ -33,12 +34,6 @@ def reduce_metrics(per_rank: list[dict[str, float]]) -> dict[str, float]:
         else:
             out[key] = float(np.mean(values))
     return out
-
-
-def split_even(items: list, workers: int) -> list[list]:
-    """Equal contiguous shares (samples are group-major, so a share of whole groups never cuts a group)."""
-    per_rank = len(items) // workers
-    return [items[r * per_rank : (r + 1) * per_rank] for r in range(workers)]
 
 
 def reward_metrics(scores: dict[str, list[float]]) -> dict[str, float]:
@@ -67,6 +62,11 @@ class RoundStrategy:
     def step(self, stage_step: int, timeout: float, last: bool) -> dict[str, float]:
         raise NotImplementedError
 
+    def after_step(self, step: int, deadline: float) -> Exception | None:
+        """Between a step's log and its checkpoint (what runs here commits with the step); an exception returned
+        stops the run once the step's checkpoint is committed."""
+        return None
+
     def after_steps(self, deadline: float) -> dict[str, Any]:
         return {}
 
@@ -79,8 +79,26 @@ class RLRound(RoundStrategy):
     scores_rewards = True
 
     def __init__(self, controller, precache=None):
+        from unirl_core.controller.train_eval import TrainEval
+
         super().__init__(controller, precache)
         self.last_outputs: tuple[list, list[str]] | None = None
+        self.eval = TrainEval(controller) if controller.config.eval else None
+
+    def before_steps(self, deadline: float) -> dict[str, Any]:
+        """`train.eval`: drop the points a resume lost, then the point due before the next step (the first RL
+        step's; one a resume lacks), which stops here again when a guard with `stop` was breached at it."""
+        if self.eval is not None:
+            c = self.controller
+            self.eval.drop_past(committed=c.progress.step - 1)
+            stop = self.eval.stop_error(self.eval.run(c.progress.step, deadline))
+            if stop is not None:
+                raise stop
+        return {}
+
+    def after_step(self, step: int, deadline: float) -> Exception | None:
+        """`train.eval`: the point after this step, when due."""
+        return self.eval.stop_error(self.eval.run(step + 1, deadline)) if self.eval is not None else None
 
     def step(self, stage_step: int, timeout: float, last: bool) -> dict[str, float]:
         """Prompts -> groups -> the ranks roll out and score -> advantages over the whole batch -> the ranks train."""

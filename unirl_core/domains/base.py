@@ -10,8 +10,9 @@ the worker group, EMA and checkpoints of the trained module.
                                               `rollout_policy()` (a context), `optimizer`, `scheduler`, `states()`
         rollout(policy, stack, samples, step) -> a rollout whose `outputs` (sample order) the rewards score; the
                                               worker keeps it for `stack.train`
-        evaluate(policy, stack, prompts, first_index, seed) -> deterministic outputs of evaluation prompts (stack
-                                              None outside training: `unirl eval`)
+        evaluate(policy, stack, prompts, first_index, seed[, steps, guidance])
+                                           -> deterministic outputs of evaluation prompts (stack None outside
+                                              training: `unirl eval`; steps, guidance: `train.eval`'s)
         warmup_stack / warmup_step / warmup_eval: the supervised warm-up (domains with "warmup" in `stages`)
     controller side: class methods, no model built
         config_problems(config)            -> what this domain cannot train in the recipe (on loading it)
@@ -64,7 +65,8 @@ class Domain:
     def rollout(self, policy, stack, samples: list, step: int):
         raise NotImplementedError
 
-    def evaluate(self, policy, stack, prompts: list[str], first_index: int, seed: int) -> list:
+    def evaluate(self, policy, stack, prompts: list[str], first_index: int, seed: int, steps: int | None = None,
+                 guidance: float | None = None) -> list:  # fmt: skip
         raise NotImplementedError
 
     def warmup_stack(self, policy):

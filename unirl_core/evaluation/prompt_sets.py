@@ -142,3 +142,8 @@ def prompt_file(name: str) -> str:
     if not path.is_file() or path.read_text() != text:
         write_bytes_atomic(str(path), text.encode())
     return str(Path(path).resolve())
+
+
+def resolve(value: str) -> str:
+    """A packaged set's file when `value` names one (and no such path exists), else `value` itself."""
+    return prompt_file(value) if value in SETS and not Path(value).exists() else value

@@ -304,8 +304,7 @@ def build_spec(
             raise NotComparableError(f"--against {against}: a {other.model.family} model, but {model} is {first.model.family}; "
                             "a paired comparison needs one family (the same latent noise and decoder)")  # fmt: skip
     prompts = prompts or first.data.eval_data_path
-    if prompts in prompt_sets.SETS and not Path(prompts).exists():  # a packaged set by name
-        prompts = prompt_sets.prompt_file(prompts)
+    prompts = prompt_sets.resolve(prompts) if prompts else prompts  # a packaged set by name
     if prompts and not storage.is_url(prompts):
         prompts = str(Path(prompts).expanduser().resolve())  # one file, one identity, by any path
     if not prompts:

@@ -56,7 +56,7 @@ class CheckpointError(UserError, RuntimeError):
 # world size is checked on its own, with its own message.)
 RESUMABLE_CHANGES = {
     "output_dir", "ray", "steps_per_round", "checkpoint_every", "keep_checkpoints", "checkpoint", "eval_every_rounds",
-    "eval_prompts", "tracking",
+    "eval_prompts", "eval", "tracking",
 }  # fmt: skip
 
 

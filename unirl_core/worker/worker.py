@@ -134,6 +134,32 @@ class TrainWorker(TorchWorker):
         with self.ema.applied() if self.ema else contextlib.nullcontext():
             return self.domain.evaluate(self.policy, self.stack, prompts, first_index, seed)
 
+    @torch.no_grad()
+    def evaluate_scores(self, share: tuple[list, int], seed: int, steps: int | None, guidance: float | None,
+                        batch_size: int, reward_json: str) -> dict[str, list[float]]:  # fmt: skip
+        """`train.eval` on this rank: the deterministic outputs of its share ((prompt, metadata) pairs, index of the
+        first) in batches, scored by the evaluation's rewards (loaded on first use): {reward: [score per prompt]}.
+        The global RNG is left as it was (training after it draws as without it)."""
+        import contextlib
+
+        from unirl_core.config.schema import RewardConfig
+        from unirl_core.rewards.service import RewardService
+
+        if getattr(self, "_eval_rewards", (None,))[0] != reward_json:
+            config = RewardConfig.model_validate_json(reward_json)
+            self._eval_rewards = (reward_json, RewardService.from_config(config, device=str(self.device)))
+        items, first_index = share
+        devices = [self.device] if self.device.type == "cuda" else []
+        outputs = []
+        with torch.random.fork_rng(devices=devices), self.ema.applied() if self.ema else contextlib.nullcontext():
+            for start in range(0, len(items), batch_size):
+                prompts = [prompt for prompt, _ in items[start : start + batch_size]]
+                outputs += self.domain.evaluate(self.policy, self.stack, prompts, first_index + start, seed, steps,
+                                                guidance)  # fmt: skip
+        ids = [f"eval:{first_index + i}" for i in range(len(items))]
+        scores = self._eval_rewards[1].score(outputs, [p for p, _ in items], ids, [m for _, m in items])
+        return {name: [float(x) for x in values] for name, values in scores.items() if name != "total"}
+
     # --- checkpoints ------------------------------------------------------------------------------------------
 
     def _checkpoint(self):

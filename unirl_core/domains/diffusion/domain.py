@@ -40,17 +40,21 @@ class DiffusionDomain(Domain):
         return run_rollout(policy, samples, config.sampling, config.algorithm, seed=config.sampling.seed + step,
                            step=step)  # fmt: skip
 
-    def evaluate(self, policy, stack, prompts: list[str], first_index: int, seed: int) -> list:
+    def evaluate(self, policy, stack, prompts: list[str], first_index: int, seed: int, steps: int | None = None,
+                 guidance: float | None = None) -> list:  # fmt: skip
         """Deterministic samples (eta 0) of `prompts`, noise fixed per prompt index, at the evaluation steps and
-        guidance (`sampling.eval_*`), with the stack's sampler (no stack, as in `unirl eval`: the algorithm's)."""
-        sampling, family = self.config.sampling, policy.with_guidance(self.config.sampling.eval_guidance)
+        guidance (`sampling.eval_*`, or those given), with the stack's sampler (no stack, as in `unirl eval`: the
+        algorithm's)."""
+        sampling = self.config.sampling
+        steps = steps or sampling.eval_steps
+        family = policy.with_guidance(sampling.eval_guidance if guidance is None else guidance)
         step_sampling = stack.step_sampling if stack is not None else family.step_sampling(self.config.algorithm)
         ids = [f"eval:{first_index + i}" for i in range(len(prompts))]
         cond = family.encode(prompts)
         shape = family.latent_shape(sampling.height, sampling.width)
         x = family.initial_noise(ids, seed, shape).float()
-        schedule = family.schedule(sampling.eval_steps, shape)
-        for index in range(sampling.eval_steps):
+        schedule = family.schedule(steps, shape)
+        for index in range(steps):
             x = family.transition(x, index, 0.0, cond, schedule, sampling=step_sampling).sample
         return family.decode(x)
 
