@@ -66,7 +66,7 @@ def run(name: str, family: str, seed: int, steps: int, inference_steps: int, fol
         *tiny, *TINY[name], f"train.steps={steps}", f"train.steps_per_round={steps}",
         f"train.sampling.num_inference_steps={inference_steps}", f"train.sampling.seed={seed}",
         f"train.data.seed={seed}", f"train.output_dir={folder}", "train.ray.workers=1",
-        "train.checkpoint_every=1000",
+        "train.checkpoint_every=1000", "train.eval=null",  # s/step: the steps alone
     ]  # fmt: skip
     config = load_recipe("demo", overrides).train
     rows: list[dict] = []

@@ -70,6 +70,7 @@ def recipe(path: str, out: Path, args, workers: int = 1, cpus_per_worker: float 
             f"train.sampling.width={args.px}",
             f"train.sampling.num_inference_steps={args.inference_steps}",
             "train.algorithm.learning_rate=1e-4",  # the demo's 0.1 is for the tiny model
+            "train.eval=null",  # the computation of the steps alone (the bare loop evaluates nothing)
             f"train.steps={args.steps}",
             f"train.ray.workers={workers}",
             f"train.ray.cpus_per_worker={cpus_per_worker}",

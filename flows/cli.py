@@ -542,15 +542,17 @@ def demo_family_overrides(family: str) -> list[str]:
         cls = family_class(family)
     except UnknownFamilyError as exc:
         raise _fail(f"error: --family: {exc}") from None
-    overrides = [f"train.model.family={family}", f"train.model.path=tiny:{family}"]
-    for index in (0, 1):  # the image latents, the prompt conditioning
-        overrides += [f"precache.encodings.{index}.encoder_config.pretrained=tiny:{family}",
-                      f"precache.encodings.{index}.encoder_config.family={family}"]  # fmt: skip
+    model = [f"train.model.family={family}", f"train.model.path=tiny:{family}"]
+    model += ["train.eval=null"] if cls.condition_mode == "reference" else []  # its prompt sets carry no images
     if not cls.text_only_conditioning:
         latents = ("{modality: image, extension: png, key: image_latent, precision: 32, encoder_config: "
                    f"{{cls: unirl_core.precache.encoders.PipelineImageEncoder, pretrained: 'tiny:{family}', "
                    f"family: {family}}}}}")  # fmt: skip
-        overrides = [*overrides[:2], f"precache.encodings=[{latents}]", "train.warmup.steps=0"]
+        return [*model, f"precache.encodings=[{latents}]", "train.warmup.steps=0"]
+    overrides = model
+    for index in (0, 1):  # the image latents, the prompt conditioning
+        overrides += [f"precache.encodings.{index}.encoder_config.pretrained=tiny:{family}",
+                      f"precache.encodings.{index}.encoder_config.family={family}"]  # fmt: skip
     return overrides
 
 

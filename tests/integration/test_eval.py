@@ -107,7 +107,9 @@ def test_a_checkpoint_its_export_and_its_registered_version_score_the_same(train
         run.score_shard(spec, label, shard)
     difference = run.finish(spec).differences[0]
     assert (difference["mean"], difference["low"], difference["high"]) == (0.0, 0.0, 0.0)
-    assert run.read_scores(spec, "model", len(PROMPTS))["jpeg_compressibility"] == scores[0]
+    # the same noise; the pixels only as equal as batched matrix products are (another batch size can take another
+    # kernel: a last-bit difference moves a JPEG's size by a few bytes on some CPUs)
+    assert run.read_scores(spec, "model", len(PROMPTS))["jpeg_compressibility"] == pytest.approx(scores[0], abs=5e-3)
 
 
 def test_bad_input_is_one_line(trained, tmp_path, monkeypatch):

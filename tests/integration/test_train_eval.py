@@ -20,9 +20,7 @@ EVAL = ["--set", "train.eval.every=2", "--set", "train.eval.sets=[{prompts: aest
 
 
 @pytest.fixture
-def env(tmp_path, monkeypatch):
-    monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{tmp_path / 'mlflow.db'}")
-    monkeypatch.setenv("UNIRL_HOME", str(tmp_path / "home"))
+def env(mlflow_uri, tmp_path):
     return tmp_path
 
 
@@ -36,11 +34,12 @@ def _rows(out) -> list[dict]:
     return [{k: v for k, v in row.items() if not k.startswith("seconds") and not k.endswith("_per_s")} for row in rows]
 
 
-def test_eval_points_are_logged_on_the_step_axis_and_leave_training_unchanged(env):
+def test_eval_points_are_logged_on_the_step_axis_and_leave_training_unchanged(env, mlflow_uri):
     from mlflow.tracking import MlflowClient
 
     run = env / "run"
-    result = _train(run, "--steps", "4", "--set", "train.checkpoint_every=2", *EVAL)
+    rounds = ["--set", "train.checkpoint_every=2", "--set", "train.steps_per_round=2"]  # point 2 ends round 0
+    result = _train(run, "--steps", "4", *rounds, *EVAL)
     assert result.exit_code == 0, result.output
     assert [line.split(":")[0].strip() for line in result.output.splitlines() if "eval at step" in line] == [
         "eval at step 0", "eval at step 2", "eval at step 4"
@@ -50,7 +49,7 @@ def test_eval_points_are_logged_on_the_step_axis_and_leave_training_unchanged(en
         table = pq.read_table(run / "eval" / f"step_{step:08d}" / "aesthetic.parquet").to_pylist()
         assert len(table) == 6 and {"prompt", "jpeg_compressibility", "edge_density"} <= set(table[0])
 
-    client = MlflowClient()
+    client = MlflowClient(mlflow_uri)
     (mlflow_run,) = client.search_runs([client.get_experiment_by_name("unirl").experiment_id])
     history = client.get_metric_history(mlflow_run.info.run_id, "eval/aesthetic/jpeg_compressibility")
     assert [m.step for m in history] == [0, 2, 4]
@@ -65,7 +64,7 @@ def test_eval_points_are_logged_on_the_step_axis_and_leave_training_unchanged(en
 
     # the same recipe without train.eval trains to the same numbers (evaluation leaves the RNG as it was)
     plain = env / "plain"
-    assert _train(plain, "--steps", "4", "--set", "train.checkpoint_every=2", "--set", "train.eval=null").exit_code == 0
+    assert _train(plain, "--steps", "4", *rounds, "--set", "train.eval=null").exit_code == 0
     assert _rows(plain) == _rows(run)
 
     # a kill lost the last checkpoint (step 3) after its point (4) was written: the resume drops and recomputes
@@ -74,7 +73,7 @@ def test_eval_points_are_logged_on_the_step_axis_and_leave_training_unchanged(en
 
     kept = (run / "eval" / "step_00000002" / "point.json").stat().st_mtime_ns
     shutil.rmtree(run / "checkpoints" / "step_00000003")
-    again = _train(run, "--steps", "4", "--set", "train.checkpoint_every=2", *EVAL)
+    again = _train(run, "--steps", "4", *rounds, *EVAL)
     assert again.exit_code == 0, again.output
     assert [line.split(":")[0].strip() for line in again.output.splitlines() if "eval at step" in line] == [
         "eval at step 4"
@@ -86,7 +85,7 @@ def test_eval_points_are_logged_on_the_step_axis_and_leave_training_unchanged(en
     assert [m.step for m in history] == [0, 2, 4]
 
 
-def test_a_guard_with_stop_stops_the_run_at_its_breach_and_without_stop_it_is_reported(env):
+def test_a_guard_with_stop_stops_the_run_at_its_breach_and_without_stop_it_is_reported(env, mlflow_uri):
     from mlflow.tracking import MlflowClient
 
     run = env / "negated"
@@ -99,7 +98,7 @@ def test_a_guard_with_stop_stops_the_run_at_its_breach_and_without_stop_it_is_re
     assert "train.eval.guards: eval/aesthetic/jpeg_compressibility fell from" in error
     assert "the run stopped before step 2 (checkpoint step 1 committed)" in error
     assert [p.name for p in (run / "checkpoints").glob("step_*")] == ["step_00000001"]
-    client = MlflowClient()
+    client = MlflowClient(mlflow_uri)
     (mlflow_run,) = client.search_runs([client.get_experiment_by_name("unirl").experiment_id])
     assert mlflow_run.data.tags["unirl.eval.guard_breach"].startswith("step 2: eval/aesthetic/jpeg_compressibility")
 
@@ -113,3 +112,12 @@ def test_a_guard_with_stop_stops_the_run_at_its_breach_and_without_stop_it_is_re
     assert finished.exit_code == 0, finished.output
     assert "1 guard breach" in finished.output  # the breach at step 2, reported in the summary line
     assert [r["step"] for r in _rows(run)] == list(range(6))
+
+    # breached at the last point (after the last step): stopped, nothing exported; a rerun stays stopped
+    last = env / "last"
+    for _ in range(2):
+        stopped = _train(last, "--steps", "2", *args[2:], *stop)
+        assert stopped.exit_code == 2 and "the run stopped before step 2" in stopped.output, stopped.output
+    assert not (last / "export").exists() and [p.name for p in (last / "checkpoints").glob("step_*")] == [
+        "step_00000001"
+    ]

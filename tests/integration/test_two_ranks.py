@@ -45,3 +45,15 @@ def test_two_ranks_with_per_sample_steps_train_as_one(name, two_ranks):
     weights, grad_norm = one_step(name)
     assert grad_norm == pytest.approx(two_norm, rel=1e-4)
     assert all(torch.allclose(w, two[f"{i:04d}"], atol=1e-5) for i, w in enumerate(weights))
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_gathering_once_per_phase_gives_the_numbers_of_gathering_per_forward(name, two_ranks):
+    """`fsdp.reshard_after_forward: false` (one all-gather per unit per rollout and per optimizer step) against true
+    (FSDP2's default: one per forward and per backward): the same gathered values, so bitwise the same step."""
+    once, every = (load_file(f"{two_ranks}-{name}{suffix}.safetensors") for suffix in ("", "-resharded"))
+    assert once.keys() == every.keys() and all(torch.equal(once[k], every[k]) for k in once)
+    norms = [
+        json.loads(Path(f"{two_ranks}-{name}{suffix}.json").read_text())["grad_norm"] for suffix in ("", "-resharded")
+    ]
+    assert norms[0] == norms[1]

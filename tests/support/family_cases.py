@@ -36,5 +36,9 @@ def family_overrides(family: str, folder) -> list[str]:
     overrides = [f"train.model.family={family}", f"train.model.path=tiny:{family}", *FAMILIES[family]]
     if family_class(family).condition_mode == "reference":
         folder.mkdir(parents=True, exist_ok=True)
-        overrides += ["train.data.source=file", f"train.data.data_path={demo_prompts(family, folder, 8)}"]
+        overrides += [
+            "train.data.source=file",
+            f"train.data.data_path={demo_prompts(family, folder, 8)}",
+            "train.eval=null",
+        ]  # the demo's train.eval: prompt sets without condition images
     return overrides

@@ -21,26 +21,29 @@ def train_rank(rank: int, world: int, port: int, names: list[str], home: str, ou
     torch.distributed.init_process_group("gloo", rank=rank, world_size=world, timeout=datetime.timedelta(seconds=90))
     try:
         for name in names:
-            weights, grad_norm = one_step(name, rank, world)
-            if rank == 0:
-                from safetensors.torch import save_file
+            for gather, suffix in ((True, ""), (False, "-resharded")):  # fsdp.reshard_after_forward false, true
+                weights, grad_norm = one_step(name, rank, world, gather)
+                if rank == 0:
+                    from safetensors.torch import save_file
 
-                save_file({f"{i:04d}": w for i, w in enumerate(weights)}, f"{out}-{name}.safetensors")
-                with open(f"{out}-{name}.json", "w") as f:
-                    json.dump({"grad_norm": grad_norm}, f)
+                    save_file({f"{i:04d}": w for i, w in enumerate(weights)}, f"{out}-{name}{suffix}.safetensors")
+                    with open(f"{out}-{name}{suffix}.json", "w") as f:
+                        json.dump({"grad_norm": grad_norm}, f)
     finally:
         torch.distributed.destroy_process_group()
 
 
-def one_step(name: str, rank: int = 0, world: int = 1) -> tuple[list[torch.Tensor], float]:
-    """One train call of `name` on this rank's share of the 4-sample rollout (all of it with world 1, unsharded)."""
+def one_step(name: str, rank: int = 0, world: int = 1, gather: bool = True) -> tuple[list[torch.Tensor], float]:
+    """One train call of `name` on this rank's share of the 4-sample rollout (all of it with world 1, unsharded);
+    `gather`: each FSDP2 unit gathered once per rollout and per optimizer step (`fsdp.reshard_after_forward`
+    false), else after every forward."""
     from unirl_core.config import recipe_from_tree
     from unirl_core.data.grpo_groups import expand_groups
     from unirl_core.data.sources import build_source
     from unirl_core.domains.diffusion.rollout.rollout import run_rollout
     from unirl_core.domains.diffusion.stack import build_stack
     from unirl_core.models.registry import build_family
-    from unirl_core.worker.fsdp import full_value, parallelize
+    from unirl_core.worker.fsdp import full_value, gathered, parallelize
 
     config = recipe_from_tree({"train": {
         "data": {"source": "smoke", "prompts_per_rollout": 2},
@@ -53,11 +56,11 @@ def one_step(name: str, rank: int = 0, world: int = 1) -> tuple[list[torch.Tenso
     adapter = build_family(config.model, config.sampling)
     if world > 1:
         parallelize(adapter.trainable, adapter.blocks(), torch.device("cpu"), config.fsdp, adapter.dtype)
-    stack = build_stack(adapter, config.algorithm)
+    stack = build_stack(adapter, config.algorithm, gather=gather)
     samples = expand_groups(build_source(config.data).next_batch(), config.sampling.samples_per_prompt)
     share = len(samples) // world
     mine = slice(rank * share, (rank + 1) * share)
-    with stack.rollout_policy():
+    with stack.rollout_policy(), gathered(adapter.trainable, gather):
         rollout = run_rollout(adapter, samples[mine], config.sampling, config.algorithm, seed=0, step=0)
     metrics = stack.train(rollout, torch.tensor([1.0, -1.0, 0.5, -0.5])[mine], step=0)
     return [full_value(p.detach()).clone() for p in adapter.parameters()], metrics["grad_norm"]

@@ -68,6 +68,7 @@ class MetaAdapter:
 
     def __init__(self):
         self.weight = torch.nn.Parameter(torch.ones(1))
+        self.trainable = torch.nn.Linear(1, 1)  # the module FSDP2 would shard (here: not sharded)
 
     def parameters(self):
         return [self.weight]

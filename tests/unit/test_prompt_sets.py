@@ -46,3 +46,31 @@ def test_sets_are_files_in_the_workspace_with_the_records_each_reward_reads(tmp_
     assert all(e.prompt.split('"')[1] == e.metadata["text"] for e in ocr)  # the text the ocr reward reads
     geneval = load_prompts(prompt_sets.prompt_file("geneval"))
     assert all(record_problem(e.metadata) is None for e in geneval)  # the record reaches the reward as metadata
+
+
+def test_the_published_files_load_as_they_are_with_the_record_each_reward_reads(tmp_path):
+    """GenEval's `prompts/evaluation_metadata.jsonl` (flow_grpo's `dataset/geneval/test_metadata.jsonl` has the same
+    lines) and flow_grpo's `dataset/ocr/test.txt` (a prompt per line, the text in double quotes): lines in their
+    published shape load as prompt files; each GenEval line's record reaches the reward as the prompt's metadata."""
+    import json
+
+    from unirl_core.rewards.ocr import target_text
+
+    geneval = [
+        {"tag": "single_object", "include": [{"class": "bench", "count": 1}], "prompt": "a photo of a bench"},
+        {"tag": "counting", "include": [{"class": "clock", "count": 2}], "exclude": [{"class": "clock", "count": 3}],
+         "prompt": "a photo of two clocks"},
+        {"tag": "colors", "include": [{"class": "car", "count": 1, "color": "blue"}], "prompt": "a photo of a blue car"},
+        {"tag": "position", "include": [{"class": "cow", "count": 1}, {"class": "train", "count": 1,
+         "position": ["right of", 0]}], "prompt": "a photo of a train right of a cow"},
+    ]  # fmt: skip
+    metadata = tmp_path / "evaluation_metadata.jsonl"
+    metadata.write_text("".join(json.dumps(line) + "\n" for line in geneval))
+    examples = load_prompts(str(metadata))
+    assert [e.prompt for e in examples] == [line["prompt"] for line in geneval]
+    assert [e.metadata for e in examples] == [{k: v for k, v in line.items() if k != "prompt"} for line in geneval]
+    assert all(record_problem(e.metadata) is None for e in examples)
+
+    ocr = tmp_path / "test.txt"
+    ocr.write_text('New York Skyline with "Hello World" written with fireworks on the sky\nA sign that says "OPEN"\n')
+    assert [target_text(e.prompt) for e in load_prompts(str(ocr))] == ["Hello World", "OPEN"]

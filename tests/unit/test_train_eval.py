@@ -64,10 +64,11 @@ def test_the_best_step_is_the_highest_value_of_the_best_metric_the_earliest_of_a
         folder = point_folder(tmp_path, point.step)
         folder.mkdir(parents=True)
         (folder / "point.json").write_text(point.model_dump_json())
-    found = curve(config, tmp_path)
+    found = curve(config, tmp_path, current="d")
     assert [p.step for p in found.points] == [0, 3, 6, 7]
     assert (found.best_metric, found.best_step, found.best_value) == ("aesthetic/brightness", 3, 0.6)
-    assert curve(_config(), tmp_path).best_step == 7  # default: the first set's first reward (jpeg, -0.1 at 7)
+    assert curve(_config(), tmp_path, current="d").best_step == 7  # default: the first set's first reward
+    assert curve(_config(), tmp_path, current="other").points == []  # points of other settings are not on it
     assert curve(TrainConfig(), tmp_path) is None  # no train.eval
 
 
@@ -78,8 +79,9 @@ def test_the_best_step_is_the_highest_value_of_the_best_metric_the_earliest_of_a
         ({"best": "ocr/brightness"}, "train.eval.best", "<set>/<reward>"),
         ({"sets": [{"prompts": "a.txt"}, {"prompts": "b/a.jsonl"}]}, "train.eval.sets.1.name", "no other set"),
         ({"sets": [{"prompts": "x.txt", "name": "a/b"}]}, "train.eval.sets.0.name", "without '/'"),
-        ({"rewards": ["no_such_reward"]}, "train.eval.rewards.0", "a known reward"),
-        ({"rewards": ["pickscore"]}, "train.reward.pickscore.model_path", "train.eval.rewards scores it"),
+        ({"rewards": ["no_such_reward"]}, "train.eval.rewards.0", "an unknown reward"),
+        ({"rewards": ["brightness", "nomodule.x:fn"]}, "train.eval.rewards.1", "an importable reward function"),
+        ({"rewards": ["pickscore"]}, "train.reward.pickscore.model_path", "pickscore is in train.eval.rewards"),
     ],
 )
 def test_a_bad_eval_section_is_a_recipe_error_naming_its_path(eval_, path, fix):
@@ -87,3 +89,14 @@ def test_a_bad_eval_section_is_a_recipe_error_naming_its_path(eval_, path, fix):
     problems = {f"{p}": message for p, _, message in recipe.problems()}
     assert path in problems, problems
     assert fix in problems[path]
+
+
+@pytest.mark.parametrize(("items", "workers"), [(1, 4), (3, 8), (5, 2), (4, 2), (7, 3)])
+def test_evaluation_shares_are_equal_and_cover_every_item_in_order(items, workers):
+    from unirl_core.controller.round_plan import indexed_shares
+
+    shares = indexed_shares(list(range(items)), workers)
+    assert len(shares) == workers and len({len(share) for share, _ in shares}) == 1  # the same passes on every rank
+    flat = [x for share, _ in shares for x in share]
+    assert flat[:items] == list(range(items))  # the results of the first `items` are the items', in order
+    assert [first for _, first in shares] == [r * len(shares[0][0]) for r in range(workers)]

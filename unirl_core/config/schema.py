@@ -601,6 +601,12 @@ class FSDPConfig(StrictModel):
     activation_checkpointing: bool = False
     """Recompute block activations in the backward pass (less memory, about a third more compute)."""
 
+    reshard_after_forward: bool = False
+    """FSDP2's setting inside one phase (a rollout's denoising steps, an evaluation, one optimizer step's forwards and
+    backwards). false: each block is gathered once per phase and freed at its end (one all-gather per block, not one
+    per forward and another per backward; the gathered trained module stays on each rank during the phase, as a
+    replica would). true: freed after every forward (the least memory). The same numbers either way."""
+
 
 class EMAConfig(StrictModel):
     """An exponential moving average of the trained weights, used for evaluation and export when set."""
@@ -731,7 +737,7 @@ class TrainEvalConfig(StrictModel):
     """Held-out metrics that must not fall while the training reward rises."""
 
     def metric_names(self) -> list[str]:
-        return [f"{s.label()}/{r}" for s in self.sets for r in self.rewards]
+        return list(dict.fromkeys(f"{s.label()}/{r}" for s in self.sets for r in self.rewards))
 
     def best_metric(self) -> str:
         return self.best or self.metric_names()[0]
@@ -860,20 +866,22 @@ class TrainConfig(StrictModel):
             self.reward.model_dump() | {"weights": dict.fromkeys(rewards, 1.0), "guards": [], "placement": "colocated"}
         )
 
+    def _eval_reward_problems(self) -> Iterator[Problem]:
+        """`eval.rewards` by index (unknown names, plugins that do not import), and the model rewards' folders they
+        need under `reward` (those the training rewards do not report already)."""
+        index = {name: i for i, name in enumerate(self.eval.rewards)}
+        reported = {path for path, _, _ in self.reward.problems()}
+        for path, bad, message in self.eval_reward().problems():
+            if path.startswith("weights."):
+                yield f"eval.rewards.{index[path.removeprefix('weights.')]}", bad, message
+            elif path not in reported and path != "weights":
+                yield f"reward.{path}", bad, message.replace("is weighted or a guard", "is in train.eval.rewards")
+
     def problems(self) -> Iterator[Problem]:
         yield from super().problems()
         yield from domain_class(self.domain.name).config_problems(self)
         if self.eval is not None:
-            from unirl_core.rewards.names import builtin_names, is_plugin
-
-            known = builtin_names() | set(self.reward.remote)
-            for i, name in enumerate(self.eval.rewards):
-                if not is_plugin(name) and name not in known:
-                    yield f"eval.rewards.{i}", name, f"a known reward: one of {sorted(known)}"
-            reported = {path for path, _, _ in self.reward.problems()}
-            for path, bad, message in self.eval_reward().problems():
-                if path not in reported and not path.startswith("weights"):  # a model reward's missing folder
-                    yield f"reward.{path}", bad, f"{message} (train.eval.rewards scores it)"
+            yield from self._eval_reward_problems()
         for path, bad, fix in algorithm_class(self.algorithm.name).config_problems(self.algorithm):
             yield f"algorithm.{path}", bad, fix
         if self.algorithm.beta > 0 and self.model.lora is None:

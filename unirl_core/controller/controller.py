@@ -35,6 +35,7 @@ from unirl_core.controller.round_plan import (
     worker_credentials,
 )
 from unirl_core.controller.rounds import STRATEGIES
+from unirl_core.controller.train_eval import guard_stop
 from unirl_core.data.sources import build_source
 from unirl_core.io.storage import permanent_errors_name
 from unirl_core.summaries import RoundSummary
@@ -93,13 +94,17 @@ class Controller:
         states = {"": self.progress, "source": self.source, "tracker": self.advantage_tracker}
         self.checkpoints = checkpoints(config, states | self.strategy.states())
         self.last_checkpoint: Path | None = None
+        self.stop: Exception | None = None  # what stopped the run after a step's checkpoint (`train.eval`'s guards)
 
     def run(self, latest: Path | None, record: dict | None, deadline: float) -> tuple[dict, dict]:
         """Resume, the strategy's before-steps, the remaining steps, its after-steps: (last metrics, outputs)."""
         self.resume(latest, record)
         outputs = self.strategy.before_steps(deadline)
         metrics = self.run_steps(deadline)
-        return metrics, outputs | self.strategy.after_steps(deadline)
+        outputs |= self.strategy.after_steps(deadline)
+        if self.stop is not None:  # after the round's grids: what the stopped run shows is kept
+            raise self.stop
+        return metrics, outputs
 
     def resume(self, latest: Path | None, record: dict | None) -> None:
         """Continue after the latest checkpoint: the same stage restores everything (weights, optimizer, EMA,
@@ -127,11 +132,11 @@ class Controller:
             stage_step = step - round_.stage_start
             metrics = self.strategy.step(stage_step, remaining, last)
             self.log(step, metrics)
-            stop = self.strategy.after_step(step, deadline)
-            if last or stop is not None or (every and (stage_step + 1) % every == 0):
+            self.stop = self.strategy.after_step(step, deadline)
+            if last or self.stop is not None or (every and (stage_step + 1) % every == 0):
                 self.checkpoint(step)
-            if stop is not None:
-                raise stop
+            if self.stop is not None:  # raised by `run` once the round's after-steps are done
+                break
         return metrics
 
     def _remaining(self, deadline: float, step: int) -> float:
@@ -195,6 +200,8 @@ def run_round(
     plan = {"round": round_.name, "first_step": round_.first, "end_step": round_.end}
     done_through = _done_through(round_, record)
     if done_through >= round_.end - 1:
+        if round_.stage == "rl" and (stop := guard_stop(config, round_.end)) is not None:
+            raise stop  # stopped at the round's last point: still stopped until the guard changes
         return RoundSummary(**plan, skipped=True, checkpoint=str(latest), resumed_from=done_through)
     output_dir(config).mkdir(parents=True, exist_ok=True)
     mlflow_run = open_tracker(config, run_name, tags)

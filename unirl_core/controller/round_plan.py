@@ -156,6 +156,6 @@ def split_even(items: list, workers: int) -> list[list]:
 def indexed_shares(items: list, workers: int) -> list[tuple[list, int]]:
     """(share, index of its first item) per rank of evaluation `items`, padded with the first items to equal shares
     (every rank runs the same passes: FSDP's collectives need that); results past len(items) are padding."""
-    padded = items + items[: (-len(items)) % workers]
+    padded = [items[i % len(items)] for i in range(-(-len(items) // workers) * workers)]
     per_rank = len(padded) // workers
     return [(share, r * per_rank) for r, share in enumerate(split_even(padded, workers))]

@@ -23,6 +23,7 @@ the reason after the step's checkpoint commits, and a rerun stops there again un
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import io
 import json
@@ -30,6 +31,7 @@ import shutil
 import time
 from pathlib import Path
 
+from unirl_core.controller.round_plan import output_dir
 from unirl_core.errors import UserError
 from unirl_core.summaries import EvalCurve, EvalPoint
 
@@ -44,6 +46,19 @@ def point_folder(out: Path, step: int) -> Path:
     return out / "eval" / f"step_{step:08d}"
 
 
+def digest(config) -> str:
+    """What a point's numbers depend on besides the weights (`config`: the TrainConfig): the sets and their files'
+    bytes, the rewards and their settings, steps, guidance and seed. A point of another digest is not on the curve."""
+    from unirl_core.evaluation import prompt_sets
+
+    settings = config.eval
+    identity = {"sets": [s.model_dump(mode="json") for s in settings.sets], "rewards": settings.rewards,
+                "reward": config.eval_reward().model_dump(mode="json"), "steps": settings.steps,
+                "guidance": settings.guidance, "seed": config.sampling.seed,
+                "prompts": {s.label(): _file_digest(prompt_sets.resolve(s.prompts)) for s in settings.sets}}  # fmt: skip
+    return hashlib.sha256(json.dumps(identity, sort_keys=True).encode()).hexdigest()[:16]
+
+
 def breaches(config, points: list[EvalPoint]) -> list[tuple[int, object, str]]:
     """(step, guard, message) of every guard breached at a point after the first (`config`: `train.eval`)."""
     if not points:
@@ -54,6 +69,8 @@ def breaches(config, points: list[EvalPoint]) -> list[tuple[int, object, str]]:
             point.train_reward > point.first_train_reward
         )
         for guard in config.guards:
+            if guard.metric not in point.metrics or guard.metric not in first.metrics:
+                continue
             now, then = point.metrics[guard.metric]["mean"], first.metrics[guard.metric]["mean"]
             if rose and now < then - guard.tolerance:
                 found.append((point.step, guard, (
@@ -64,21 +81,42 @@ def breaches(config, points: list[EvalPoint]) -> list[tuple[int, object, str]]:
     return found
 
 
-def curve(config, out: Path) -> EvalCurve | None:
-    """The run's points on disk (`config`: the TrainConfig), its best point and breaches; None without `eval`."""
+def curve(config, out: Path, current: str | None = None) -> EvalCurve | None:
+    """The run's points on disk of the current settings (`config`: the TrainConfig; `current`: their digest when
+    known), its best point and the guards' breaches; None without `eval`."""
     if config.eval is None:
         return None
+    current = current or digest(config)
     points = []
     for file in sorted((out / "eval").glob(f"step_*/{POINT_FILE}")):
-        points.append(EvalPoint.model_validate_json(file.read_text()))
+        point = EvalPoint.model_validate_json(file.read_text())
+        if point.digest == current:  # a point of earlier settings (train.eval changed on a resume) is left out
+            points.append(point)
     metric = config.eval.best_metric()
-    scored = [p for p in points if p.metrics.get(metric, {}).get("mean") == p.metrics.get(metric, {}).get("mean")]
+    scored = [p for p in points if metric in p.metrics and p.metrics[metric]["mean"] == p.metrics[metric]["mean"]]
     best = max(scored, key=lambda p: (p.metrics[metric]["mean"], -p.step), default=None)
     return EvalCurve(
         points=points, best_metric=metric, best_step=best.step if best else None,
         best_value=best.metrics[metric]["mean"] if best else None,
         breaches=[f"step {step}: {message}" for step, _, message in breaches(config.eval, points)],
     )  # fmt: skip
+
+
+def guard_stop(config, step: int, points: list[EvalPoint] | None = None) -> EvalGuardError | None:
+    """The error that stops the run at the point of `step` when a guard with `stop` is breached there (None
+    without one)."""
+    if config.eval is None:
+        return None
+    if points is None:
+        points = curve(config, output_dir(config)).points
+    stops = [m for at, guard, m in breaches(config.eval, points) if at == step and guard.stop]
+    if not stops:
+        return None
+    return EvalGuardError(
+        f"train.eval.guards: {stops[0]}; the run stopped before step {step} (checkpoint step {step - 1} committed): "
+        "look at the eval curve, then change the rewards, or raise the guard's tolerance or set its stop: false and "
+        "run again to go on"
+    )
 
 
 def eval_line(row: dict) -> str:
@@ -99,17 +137,13 @@ class TrainEval:
         self.first, self.end = rl[0].first, rl[-1].end
         self._examples: dict[str, list] | None = None
 
+    @functools.cached_property
+    def digest(self) -> str:
+        return digest(self.c.config)
+
     def due(self, step: int) -> bool:
         """Whether a point falls at global step `step` (weights before it trains)."""
         return self.first <= step <= self.end and ((step - self.first) % self.config.every == 0 or step == self.end)
-
-    def digest(self) -> str:
-        config = self.c.config
-        identity = {"sets": [s.model_dump(mode="json") for s in self.config.sets], "rewards": self.config.rewards,
-                    "reward": config.eval_reward().model_dump(mode="json"), "steps": self.config.steps,
-                    "guidance": self.config.guidance, "seed": config.sampling.seed,
-                    "prompts": {s.label(): _file_digest(self._path(s)) for s in self.config.sets}}  # fmt: skip
-        return hashlib.sha256(json.dumps(identity, sort_keys=True).encode()).hexdigest()[:16]
 
     def drop_past(self, committed: int) -> None:
         """Remove the points whose weights a resume lost (after the committed step + 1)."""
@@ -118,33 +152,20 @@ class TrainEval:
                 shutil.rmtree(folder)
 
     def run(self, step: int, deadline: float) -> EvalPoint | None:
-        """The point at `step` when one is due: read when committed (same digest), else computed, written and
-        logged; a guard with `stop` breached there raises EvalGuardError (the caller commits the checkpoint first,
-        then raises it: `stop_error`)."""
+        """The point at `step` when one is due: read when committed with these settings, else computed, logged and
+        written."""
         if not self.due(step):
             return None
-        digest = self.digest()
         file = point_folder(self.c.out, step) / POINT_FILE
         if file.is_file():  # committed (and logged) before a resume
             point = EvalPoint.model_validate_json(file.read_text())
-            if point.digest == digest:
+            if point.digest == self.digest:
                 return point
-        point = self._compute(step, digest, deadline)
-        self._log(point)
-        return point
+        return self._compute(step, deadline)
 
     def stop_error(self, point: EvalPoint | None) -> EvalGuardError | None:
         """The error that stops the run at `point` when a guard with `stop` is breached there."""
-        if point is None:
-            return None
-        stops = [m for step, guard, m in self._breaches() if step == point.step and guard.stop]
-        if not stops:
-            return None
-        return EvalGuardError(
-            f"train.eval.guards: {stops[0]}; the run stopped before step {point.step} (checkpoint step "
-            f"{point.step - 1} committed): look at the eval curve, then change the rewards, or raise the guard's "
-            "tolerance or set its stop: false and run again to go on"
-        )
+        return None if point is None else guard_stop(self.c.config, point.step, self._points())
 
     # --- work ---------------------------------------------------------------------------------------------------
 
@@ -160,24 +181,25 @@ class TrainEval:
             self._examples = {s.label(): load_prompts(self._path(s))[: s.count] for s in self.config.sets}
         return self._examples
 
-    def _compute(self, step: int, digest: str, deadline: float) -> EvalPoint:
+    def _compute(self, step: int, deadline: float) -> EvalPoint:
+        """Score every set on the ranks; write the tables, log the point to MLflow, then commit `point.json` (a
+        point lost before its commit is computed again; MLflow keeps the step it holds)."""
         import pyarrow as pa
         import pyarrow.parquet as pq
 
         from unirl_core.controller.round_plan import indexed_shares
-        from unirl_core.evaluation import stats
         from unirl_core.io.storage import write_bytes_atomic
         from unirl_core.worker.worker import TrainWorker
 
-        c, config, workers = self.c, self.config, self.c.workers
+        c, config = self.c, self.config
         started, folder = time.perf_counter(), point_folder(c.out, step)
         reward_json = c.config.eval_reward().model_dump_json()
         metrics: dict[str, dict[str, float]] = {}
         for label, examples in self.examples().items():
             items = [(e.prompt, e.metadata) for e in examples]
-            parts = c.group.scatter(TrainWorker.evaluate_scores, indexed_shares(items, workers),
+            parts = c.group.scatter(TrainWorker.evaluate_scores, indexed_shares(items, c.workers),
                                     c.config.sampling.seed, config.steps, config.guidance, config.batch_size,
-                                    reward_json, timeout=deadline - time.monotonic())  # fmt: skip
+                                    reward_json, timeout=c._remaining(deadline, step))  # fmt: skip
             scores = {name: [x for part in parts for x in part[name]][: len(items)] for name in config.rewards}
             columns = {
                 "index": pa.array(range(len(items)), pa.int64()),
@@ -187,21 +209,27 @@ class TrainEval:
             buffer = io.BytesIO()
             pq.write_table(pa.table(columns), buffer)
             write_bytes_atomic(str(folder / f"{label}.parquet"), buffer.getvalue())
-            metrics |= {f"{label}/{name}": stats.estimate(scores[name]).as_dict() for name in config.rewards}
+            metrics |= {f"{label}/{name}": _estimate(scores[name]) for name in config.rewards}
         train_reward, first_train_reward = self._train_rewards(step)
-        point = EvalPoint(step=step, digest=digest, metrics=metrics, train_reward=train_reward,
+        point = EvalPoint(step=step, digest=self.digest, metrics=metrics, train_reward=train_reward,
                           first_train_reward=first_train_reward, seconds=time.perf_counter() - started)  # fmt: skip
+        c.mlflow_run.log_metrics({f"eval/{name}": m["mean"] for name, m in point.metrics.items()}, point.step)
+        for file in sorted(folder.glob("*.parquet")):
+            c.mlflow_run.log_file(file, f"eval/step_{point.step:08d}")
         write_bytes_atomic(str(folder / POINT_FILE), point.model_dump_json(indent=1).encode())
+        self._announce(point)
         return point
 
     def _train_rewards(self, step: int) -> tuple[float | None, float | None]:
-        """(mean reward_mean of the steps since the previous point, reward_mean of the first RL step)."""
+        """(mean reward_mean of the steps since the previous point, reward_mean of the first RL step), from
+        `metrics.jsonl` (a torn last line, left by a kill, is not read)."""
         import numpy as np
 
         if step == self.first:
             return None, None
         path = self.c.metrics_file.path
-        rows = [json.loads(line) for line in path.read_text().splitlines()] if path.is_file() else []
+        lines = path.read_text().splitlines(keepends=True) if path.is_file() else []
+        rows = [json.loads(line) for line in lines if line.endswith("\n")]
         rewards = {r["step"]: r["reward_mean"] for r in rows if r.get("stage") == "rl" and "reward_mean" in r}
         previous = max(s for s in range(self.first, step) if self.due(s))
         window = [rewards[s] for s in range(previous, step) if s in rewards]
@@ -209,28 +237,30 @@ class TrainEval:
         return (float(np.mean(window)) if window else None), (None if first is None else float(first))
 
     def _points(self) -> list[EvalPoint]:
-        found = curve(self.c.config, self.c.out)
-        return found.points if found else []
+        return curve(self.c.config, self.c.out, self.digest).points
 
-    def _breaches(self):
-        return breaches(self.config, self._points())
-
-    def _log(self, point: EvalPoint) -> None:
-        """MLflow (metrics at the point's step, its tables, the best point's tags), the warnings of its breaches,
-        and the progress callback."""
+    def _announce(self, point: EvalPoint) -> None:
+        """The best point's tags and the point's breaches on the MLflow run; the progress callback."""
         c = self.c
-        c.mlflow_run.log_metrics({f"eval/{name}": m["mean"] for name, m in point.metrics.items()}, point.step)
-        for file in sorted(point_folder(c.out, point.step).glob("*.parquet")):
-            c.mlflow_run.log_file(file, f"eval/step_{point.step:08d}")
-        found = curve(c.config, c.out)
+        found = curve(c.config, c.out, self.digest)
         tags = {"unirl.eval.best_step": str(found.best_step),
                 "unirl.eval.best": f"{found.best_metric}={found.best_value:.6g}"} if found.best_step is not None else {}  # fmt: skip
-        messages = [m for step, _, m in self._breaches() if step == point.step]  # shown in the point's line
+        messages = [m for at, _, m in breaches(self.config, found.points) if at == point.step]  # in the point's line
         if messages:
             tags["unirl.eval.guard_breach"] = f"step {point.step}: {messages[0]}"
         c.mlflow_run.set_tags(tags)
         if c.on_eval:
             c.on_eval({"step": point.step, "round": c.round.index, "eval": dict(point.metrics), "breaches": messages})
+
+
+def _estimate(values: list[float]) -> dict[str, float]:
+    """Mean, bootstrap 95 % interval and n of the finite scores, and how many were not finite."""
+    import math
+
+    from unirl_core.evaluation import stats
+
+    finite = [v for v in values if math.isfinite(v)]
+    return stats.estimate(finite).as_dict() | {"nonfinite": len(values) - len(finite)}
 
 
 def _file_digest(path: str) -> str:

@@ -62,9 +62,11 @@ class RewardService:
         prompts: Sequence[str],
         sample_ids: Sequence[str],
         metadata: Sequence[dict] | None = None,
+        finite: bool = True,
     ) -> dict[str, np.ndarray]:
-        """{"total": [B], each component: [B]}; RewardError names the samples of any bad score. `metadata`: each
-        prompt record's `metadata` (GenEval's checks), given to the scorers that read it (`wants_metadata`)."""
+        """{"total": [B], each component: [B]}; RewardError names the samples of any bad score (`finite` false:
+        NaN and infinities are kept, as an evaluation counts them). `metadata`: each prompt record's `metadata`
+        (GenEval's checks), given to the scorers that read it (`wants_metadata`)."""
         components = {}
         for name, scorer in self.scorers.items():
             if getattr(scorer, "wants_metadata", False):
@@ -78,7 +80,7 @@ class RewardService:
                     f"reward {name} returned {scores.shape[0] if scores.ndim else 0} scores for {len(images)} samples"
                 )
             bad = [sample_ids[i] for i in np.flatnonzero(~np.isfinite(scores))]
-            if bad:
+            if bad and finite:
                 raise RewardError(f"reward {name} is NaN or infinite for samples {bad}: refusing to train on it")
             components[name] = scores
         components["total"] = sum(self.weights[name] * components[name] for name in self.weights)

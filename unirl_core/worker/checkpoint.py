@@ -121,6 +121,7 @@ def _hashed(config) -> dict:
     kept = config.model_dump(mode="json", exclude=RESUMABLE_CHANGES & set(type(config).model_fields))
     for key in ("steps_per_round", "micro_batch_size"):  # how the warm-up runs, not what it computes
         kept.get("warmup", {}).pop(key, None)
+    kept.get("fsdp", {}).pop("reshard_after_forward", None)  # how the ranks gather, not what they compute
     if kept.get("domain") == {"name": "diffusion"}:  # the default: hashed as before `train.domain` existed
         kept.pop("domain")
     return kept

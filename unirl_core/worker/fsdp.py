@@ -15,6 +15,9 @@ float32 velocity. A float32 model on CPU computes in float32 throughout.
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Iterator
+
 import torch
 import torch.distributed as dist
 
@@ -82,3 +85,22 @@ def full_value(tensor: torch.Tensor) -> torch.Tensor:
     from torch.distributed.tensor import DTensor
 
     return tensor.full_tensor() if isinstance(tensor, DTensor) else tensor
+
+
+@contextlib.contextmanager
+def gathered(module: torch.nn.Module, enabled: bool = True) -> Iterator[None]:
+    """Within the block, `module`'s FSDP2 units keep their parameters gathered after a forward (FSDP2's
+    `reshard_after_forward=False`): one all-gather per unit for the block's forwards and backwards, not one per
+    forward and one per backward; every unit is resharded at its end (before an optimizer step: the gathered
+    copies would be stale). The same values are gathered either way: the numbers do not change. A no-op unsharded."""
+    from torch.distributed.fsdp import FSDPModule
+
+    units = [m for m in module.modules() if isinstance(m, FSDPModule)] if enabled else []
+    for unit in units:
+        unit.set_reshard_after_forward(False, recurse=False)
+    try:
+        yield
+    finally:
+        for unit in units:
+            unit.reshard()
+            unit.set_reshard_after_forward(True, recurse=False)

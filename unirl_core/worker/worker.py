@@ -78,7 +78,7 @@ class TrainWorker(TorchWorker):
         sample order) and the outputs of the samples whose ids are in `want_outputs` (the sample grid's:
         {sample id: output})."""
         started = time.perf_counter()
-        with self.stack.rollout_policy():
+        with self.stack.rollout_policy(), self.gathered():  # gathered inside: the rollout policy's weights
             self._rollout = self.domain.rollout(self.policy, self.stack, samples, step)
         rolled = time.perf_counter()
         outputs = self._rollout.outputs
@@ -121,7 +121,15 @@ class TrainWorker(TorchWorker):
     @torch.no_grad()
     def warmup_eval(self, batch: dict[str, Any], seed: int) -> float:
         """The supervised loss on this rank's share of a fixed batch with fixed draws."""
-        return self.domain.warmup_eval(self.policy, batch, seed, self.rank)
+        with self.gathered():
+            return self.domain.warmup_eval(self.policy, batch, seed, self.rank)
+
+    def gathered(self):
+        """The trained module's FSDP2 units gathered once for a phase of forwards (`fsdp.reshard_after_forward`
+        false); enter it after any weight swap (EMA, an old policy): the gathered copies are of the weights then."""
+        from unirl_core.worker.fsdp import gathered
+
+        return gathered(self.policy.trainable, not self.config.fsdp.reshard_after_forward)
 
     # --- evaluation -------------------------------------------------------------------------------------------
 
@@ -131,7 +139,7 @@ class TrainWorker(TorchWorker):
         import contextlib
 
         prompts, first_index = share
-        with self.ema.applied() if self.ema else contextlib.nullcontext():
+        with self.ema.applied() if self.ema else contextlib.nullcontext(), self.gathered():
             return self.domain.evaluate(self.policy, self.stack, prompts, first_index, seed)
 
     @torch.no_grad()
@@ -147,17 +155,22 @@ class TrainWorker(TorchWorker):
 
         if getattr(self, "_eval_rewards", (None,))[0] != reward_json:
             config = RewardConfig.model_validate_json(reward_json)
-            self._eval_rewards = (reward_json, RewardService.from_config(config, device=str(self.device)))
+            loaded = getattr(self, "rewards", None)  # the training's scorers: a model reward loaded once per rank
+            served = {name: loaded.scorers[name] for name in config.weights if loaded and name in loaded.scorers}
+            self._eval_rewards = (reward_json, RewardService.from_config(config, str(self.device), served))
         items, first_index = share
         devices = [self.device] if self.device.type == "cuda" else []
         outputs = []
-        with torch.random.fork_rng(devices=devices), self.ema.applied() if self.ema else contextlib.nullcontext():
-            for start in range(0, len(items), batch_size):
-                prompts = [prompt for prompt, _ in items[start : start + batch_size]]
-                outputs += self.domain.evaluate(self.policy, self.stack, prompts, first_index + start, seed, steps,
-                                                guidance)  # fmt: skip
-        ids = [f"eval:{first_index + i}" for i in range(len(items))]
-        scores = self._eval_rewards[1].score(outputs, [p for p, _ in items], ids, [m for _, m in items])
+        swapped = self.ema.applied() if self.ema else contextlib.nullcontext()
+        with torch.random.fork_rng(devices=devices):
+            with swapped, self.gathered():
+                for start in range(0, len(items), batch_size):
+                    prompts = [prompt for prompt, _ in items[start : start + batch_size]]
+                    outputs += self.domain.evaluate(self.policy, self.stack, prompts, first_index + start, seed,
+                                                    steps, guidance)  # fmt: skip
+            ids = [f"eval:{first_index + i}" for i in range(len(items))]
+            scores = self._eval_rewards[1].score(outputs, [p for p, _ in items], ids, [m for _, m in items],
+                                                 finite=False)  # fmt: skip
         return {name: [float(x) for x in values] for name, values in scores.items() if name != "total"}
 
     # --- checkpoints ------------------------------------------------------------------------------------------

@@ -29,8 +29,9 @@ class DiffusionDomain(Domain):
 
         config = self.config
         return build_stack(
-            policy, config.algorithm, total_updates=config.steps * config.algorithm.num_updates_per_batch
-        )
+            policy, config.algorithm, total_updates=config.steps * config.algorithm.num_updates_per_batch,
+            gather=not config.fsdp.reshard_after_forward,
+        )  # fmt: skip
 
     def rollout(self, policy, stack, samples: list, step: int):
         """Latent trajectories of `samples` with the algorithm's sampler; `outputs`: the decoded images."""
@@ -61,7 +62,8 @@ class DiffusionDomain(Domain):
     def warmup_stack(self, policy):
         from unirl_core.domains.diffusion.stack import WarmupStack
 
-        return WarmupStack(policy, self.config.warmup, self.config.algorithm.max_grad_norm)
+        config = self.config
+        return WarmupStack(policy, config.warmup, config.algorithm.max_grad_norm, not config.fsdp.reshard_after_forward)
 
     def warmup_step(self, policy, stack, batch: dict[str, Any], step: int) -> dict[str, float]:
         """One supervised step on this rank's share of precached (latent, conditioning) pairs."""
@@ -93,6 +95,15 @@ class DiffusionDomain(Domain):
         name = config.algorithm.name
         if "diffusion" not in algorithm_class(name).domains:
             yield "algorithm.name", name, "an algorithm for the diffusion domain (its `domains` list 'diffusion')"
+        if config.eval is not None and _edits(config.model.family):
+            yield (
+                "eval",
+                "set",
+                (
+                    f"null: {config.model.family} edits a condition image per prompt, and train.eval's prompt sets carry "
+                    "none (evaluate an edit model with `unirl eval` on a prompt file with images)"
+                ),
+            )
 
     @classmethod
     def warmup_data(cls, config, precache):
@@ -159,3 +170,14 @@ class DiffusionDomain(Domain):
     def export_config(cls, config):
         """The recipe an export rebuilds the family from: no text-embedding cache (it only reads weights)."""
         return config.model_copy(update={"model": config.model.model_copy(update={"text_embedding_cache": None})})
+
+
+def _edits(family: str) -> bool:
+    """Whether `family` edits condition images (`condition_mode` "reference"); an unknown family is not one here
+    (`start_problems` names it)."""
+    from unirl_core.models.registry import UnknownFamilyError, family_class
+
+    try:
+        return family_class(family).condition_mode == "reference"
+    except UnknownFamilyError:
+        return False

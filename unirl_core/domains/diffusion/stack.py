@@ -11,6 +11,7 @@ from collections.abc import Iterator
 import torch
 
 from unirl_core.algorithms.registry import algorithm_class, build_algorithm
+from unirl_core.worker.fsdp import gathered
 from unirl_core.worker.optim import NonFiniteError, adamw, clip_gradients, lr_factor
 
 __all__ = ["NonFiniteError", "TrainStack", "WarmupStack", "build_stack"]
@@ -22,11 +23,11 @@ class TrainStack:
     schedule. The stack owns the optimizer, the batch geometry, the padding collectives and the update loop; the
     algorithm owns what is computed (`unirl_core.algorithms.base`)."""
 
-    def __init__(self, family, config, total_updates: int = 1):
+    def __init__(self, family, config, total_updates: int = 1, gather: bool = True):
         problems = list(algorithm_class(config.name).config_problems(config))
         if problems:
             raise ValueError("; ".join(f"train.algorithm.{path}: {bad!r}: {fix}" for path, bad, fix in problems))
-        self.family, self.config = family, config
+        self.family, self.config, self.gather = family, config, gather  # gather: fsdp.reshard_after_forward false
         self.algorithm = build_algorithm(config)
         self.step_sampling = family.step_sampling(config)  # its sampler and CFG gradient, for every transition
         self.optimizer = adamw(family.parameters(), config.learning_rate)
@@ -125,17 +126,18 @@ class TrainStack:
         """One optimizer step: the mini-batch's forwards and backwards (padded to the busiest rank's `most`)."""
         self.optimizer.zero_grad(set_to_none=True)
         items, last = 0, None
-        for micro, slots, j, t, index in self.forwards([micro_batches]):
-            weights = self._weights(advantages_B, micro, any(len(slot) > 1 for slot in slots))
-            loss, info = self.algorithm.item_loss(self, rollout, (j, t, index), prepared, advantages_B, weights)
-            self._check_finite(loss, step, rollout, index)
-            (loss / (len(slots) * len(micro_batches))).backward()
-            for key, value in info.items():
-                metrics.setdefault(key, []).append(value.item())
-            metrics.setdefault("loss", []).append(loss.item())
-            items, last = items + 1, (j, t, index[:1])
-        self.pad(items, most, lambda: (
-            0 * self.algorithm.item_loss(self, rollout, last, prepared, advantages_B, None)[0]).backward())  # fmt: skip
+        with gathered(self.family.trainable, self.gather):  # resharded before the optimizer step
+            for micro, slots, j, t, index in self.forwards([micro_batches]):
+                weights = self._weights(advantages_B, micro, any(len(slot) > 1 for slot in slots))
+                loss, info = self.algorithm.item_loss(self, rollout, (j, t, index), prepared, advantages_B, weights)
+                self._check_finite(loss, step, rollout, index)
+                (loss / (len(slots) * len(micro_batches))).backward()
+                for key, value in info.items():
+                    metrics.setdefault(key, []).append(value.item())
+                metrics.setdefault("loss", []).append(loss.item())
+                items, last = items + 1, (j, t, index[:1])
+            self.pad(items, most, lambda: (
+                0 * self.algorithm.item_loss(self, rollout, last, prepared, advantages_B, None)[0]).backward())  # fmt: skip
         self._optimizer_step(metrics, step)
 
     def rollout_policy(self):
@@ -164,9 +166,9 @@ class TrainStack:
             raise NonFiniteError(f"step {step}: non-finite loss for samples {ids}; optimizer step skipped")
 
 
-def build_stack(family, config, total_updates: int = 1) -> TrainStack:
-    """The RL train stack of the algorithm `config` names."""
-    return TrainStack(family, config, total_updates)
+def build_stack(family, config, total_updates: int = 1, gather: bool = True) -> TrainStack:
+    """The RL train stack of the algorithm `config` names (`gather`: not `fsdp.reshard_after_forward`)."""
+    return TrainStack(family, config, total_updates, gather)
 
 
 class WarmupStack:
@@ -174,8 +176,9 @@ class WarmupStack:
     accumulated over micro-batches of `warmup.micro_batch_size` samples, gradients clipped across shards; a constant
     learning rate."""
 
-    def __init__(self, family, warmup, max_grad_norm: float):
+    def __init__(self, family, warmup, max_grad_norm: float, gather: bool = True):
         self.family, self.max_grad_norm, self.micro_batch_size = family, max_grad_norm, warmup.micro_batch_size
+        self.gather = gather
         self.optimizer = adamw(family.parameters(), warmup.learning_rate)
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, lambda step: 1.0)
 
@@ -188,13 +191,14 @@ class WarmupStack:
         self.optimizer.zero_grad(set_to_none=True)
         size = len(latents)
         total = 0.0
-        for micro in torch.arange(size).split(self.micro_batch_size or size):
-            part = {k: v[micro] for k, v in cond.items()}
-            loss = self.family.denoising_loss(latents[micro], part, [generators[i] for i in micro.tolist()])
-            if not torch.isfinite(loss):
-                raise NonFiniteError(f"warm-up step {step}: non-finite loss; optimizer step skipped")
-            (loss * (len(micro) / size)).backward()  # the mean over the share, as one forward would give
-            total += loss.item() * len(micro) / size
+        with gathered(self.family.trainable, self.gather):  # resharded before the optimizer step
+            for micro in torch.arange(size).split(self.micro_batch_size or size):
+                part = {k: v[micro] for k, v in cond.items()}
+                loss = self.family.denoising_loss(latents[micro], part, [generators[i] for i in micro.tolist()])
+                if not torch.isfinite(loss):
+                    raise NonFiniteError(f"warm-up step {step}: non-finite loss; optimizer step skipped")
+                (loss * (len(micro) / size)).backward()  # the mean over the share, as one forward would give
+                total += loss.item() * len(micro) / size
         grad_norm = clip_gradients(self.family.parameters(), self.max_grad_norm)
         if not torch.isfinite(grad_norm):
             self.optimizer.zero_grad(set_to_none=True)
