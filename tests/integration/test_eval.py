@@ -150,3 +150,54 @@ def test_bad_input_is_one_line(trained, tmp_path, monkeypatch):
         result = _eval(trained, *args)
         assert result.exit_code == 2, (args, result.output)
         assert message in result.output and "Traceback" not in result.output, result.output
+
+
+def test_unirl_eval_killed_mid_way_scores_only_the_missing_shards_again(prefect_harness, mlflow_uri, tmp_path):
+    """`unirl eval` SIGKILLed (with its process group) once a few shards are committed, then run again: the shards
+    committed before the kill are not scored again, and the table equals an evaluation never interrupted."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+    from pathlib import Path
+
+    from prefect.settings import PREFECT_API_URL
+
+    from unirl_core.evaluation import run
+
+    prompts = tmp_path / "prompts.txt"
+    prompts.write_text("".join(f"a photo of object number {i}\n" for i in range(96)))
+    out = tmp_path / "eval"
+    command = [str(Path(sys.executable).parent / "unirl"), "eval", "tiny:sd3", "--recipe", "demo", "--prompts",
+               str(prompts), "-r", "jpeg_compressibility", "--shard-size", "2", "--out", str(out)]  # fmt: skip
+    env = {**os.environ, "PREFECT_API_URL": PREFECT_API_URL.value()}
+    process = subprocess.Popen(command, env=env, start_new_session=True, stdout=subprocess.PIPE,
+                               stderr=subprocess.STDOUT, text=True)  # fmt: skip
+    shards = out / "model" / "shards"
+    deadline = time.monotonic() + 300
+    while len(list(shards.glob("*.parquet"))) < 3 and process.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.05)
+    os.killpg(process.pid, signal.SIGKILL)
+    process.wait(timeout=60)
+    committed = {p.name: p.stat().st_mtime_ns for p in shards.glob("*.parquet")}
+    assert 3 <= len(committed) < 48, process.stdout.read()[-3000:]  # killed mid-way: some shards, not all
+    assert not (out / "summary.json").exists()
+
+    again = subprocess.run(command, env=env, capture_output=True, text=True, timeout=600)
+    assert again.returncode == 0, again.stdout[-3000:] + again.stderr[-3000:]
+    assert {p.name: p.stat().st_mtime_ns for p in shards.glob("*.parquet") if p.name in committed} == committed
+    assert len(list(shards.glob("*.parquet"))) == 48
+
+    whole = run.build_spec("tiny:sd3", prompts=str(prompts), rewards=["jpeg_compressibility"], shard_size=2,
+                           output_dir=str(tmp_path / "whole"), recipe_train=_demo())  # fmt: skip
+    for label, shard in run.prepare(whole):
+        run.score_shard(whole, label, shard)
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["metrics"] == run.finish(whole).metrics  # the same table as an evaluation never killed
+
+
+def _demo():
+    from unirl_core.config import load_recipe
+
+    return load_recipe("demo").train
