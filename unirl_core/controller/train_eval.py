@@ -15,10 +15,12 @@ resume drops the points past its committed step + 1 (their weights were lost) an
 Generation draws from per-prompt generators and leaves the ranks' global RNG as it was, so a run with an
 evaluation trains as it would without one.
 
-A guard (`train.eval.guards`) is breached at point L when its metric fell below its value at the first point by more
-than its tolerance while the training reward rose: the mean `reward_mean` of the steps since the previous point
-above the first RL step's. A breach is logged (the point's line, an MLflow tag, the summary); with `stop` the run fails with
-the reason after the step's checkpoint commits, and a rerun stops there again until the guard changes.
+The curve holds the points of the current settings (`digest`: sets and their files, rewards, steps, guidance, seed;
+`train.eval` may change on a resume). A guard (`train.eval.guards`) is breached at point L when its metric fell below
+its value at the curve's first point by more than its tolerance while the training reward rose: the mean
+`reward_mean` of the steps since the previous point above the first RL step's. A breach is logged (the point's line,
+an MLflow tag, the summary); with `stop` the run fails with the reason once the step's checkpoint commits (and the
+round's grids are drawn), and a rerun stops there again until the guard changes.
 """
 
 from __future__ import annotations
@@ -264,6 +266,10 @@ def _estimate(values: list[float]) -> dict[str, float]:
 
 
 def _file_digest(path: str) -> str:
+    """The file's SHA-256; a file gone since (a finished run's summary read later) digests as missing."""
     from unirl_core.io import storage
 
-    return hashlib.sha256(storage.read_bytes(path)).hexdigest()
+    try:
+        return hashlib.sha256(storage.read_bytes(path)).hexdigest()
+    except FileNotFoundError:
+        return f"missing: {path}"
