@@ -100,3 +100,10 @@ def test_evaluation_shares_are_equal_and_cover_every_item_in_order(items, worker
     flat = [x for share, _ in shares for x in share]
     assert flat[:items] == list(range(items))  # the results of the first `items` are the items', in order
     assert [first for _, first in shares] == [r * len(shares[0][0]) for r in range(workers)]
+
+
+def test_an_edit_family_with_train_eval_is_a_recipe_error():
+    recipe = Recipe.model_validate({"train": {"eval": EVAL, "model": {"family": "qwen_image_edit"}}})
+    problems = {p: message for p, _, message in recipe.problems()}
+    assert "condition image" in problems["train.eval"]
+    assert "train.eval" not in {p for p, _, _ in Recipe.model_validate({"train": {"eval": EVAL}}).problems()}

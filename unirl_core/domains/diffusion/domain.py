@@ -96,14 +96,9 @@ class DiffusionDomain(Domain):
         if "diffusion" not in algorithm_class(name).domains:
             yield "algorithm.name", name, "an algorithm for the diffusion domain (its `domains` list 'diffusion')"
         if config.eval is not None and _edits(config.model.family):
-            yield (
-                "eval",
-                "set",
-                (
-                    f"null: {config.model.family} edits a condition image per prompt, and train.eval's prompt sets carry "
-                    "none (evaluate an edit model with `unirl eval` on a prompt file with images)"
-                ),
-            )
+            fix = ("null with an edit family: it edits a condition image per prompt and train.eval's prompt sets carry "
+                   "none (evaluate an edit model with `unirl eval` on a prompt file with images)")  # fmt: skip
+            yield "eval", config.model.family, fix
 
     @classmethod
     def warmup_data(cls, config, precache):
