@@ -167,7 +167,7 @@ def test_unirl_eval_killed_mid_way_scores_only_the_missing_shards_again(prefect_
     from unirl_core.evaluation import run
 
     prompts = tmp_path / "prompts.txt"
-    prompts.write_text("".join(f"a photo of object number {i}\n" for i in range(96)))
+    prompts.write_text("".join(f"a photo of object number {i}\n" for i in range(64)))
     out = tmp_path / "eval"
     command = [str(Path(sys.executable).parent / "unirl"), "eval", "tiny:sd3", "--recipe", "demo", "--prompts",
                str(prompts), "-r", "jpeg_compressibility", "--shard-size", "2", "--out", str(out)]  # fmt: skip
@@ -181,13 +181,13 @@ def test_unirl_eval_killed_mid_way_scores_only_the_missing_shards_again(prefect_
     os.killpg(process.pid, signal.SIGKILL)
     process.wait(timeout=60)
     committed = {p.name: p.stat().st_mtime_ns for p in shards.glob("*.parquet")}
-    assert 3 <= len(committed) < 48, process.stdout.read()[-3000:]  # killed mid-way: some shards, not all
+    assert 3 <= len(committed) < 32, process.stdout.read()[-3000:]  # killed mid-way: some shards, not all
     assert not (out / "summary.json").exists()
 
-    again = subprocess.run(command, env=env, capture_output=True, text=True, timeout=600)
-    assert again.returncode == 0, again.stdout[-3000:] + again.stderr[-3000:]
+    again = CliRunner().invoke(app, command[1:])  # the rerun in this process (the same Prefect API)
+    assert again.exit_code == 0, again.output[-3000:]
     assert {p.name: p.stat().st_mtime_ns for p in shards.glob("*.parquet") if p.name in committed} == committed
-    assert len(list(shards.glob("*.parquet"))) == 48
+    assert len(list(shards.glob("*.parquet"))) == 32
 
     whole = run.build_spec("tiny:sd3", prompts=str(prompts), rewards=["jpeg_compressibility"], shard_size=2,
                            output_dir=str(tmp_path / "whole"), recipe_train=_demo())  # fmt: skip
