@@ -160,6 +160,7 @@ class CommandProgress:
     prints above it, or to stdout when nothing is drawn, so piped output stays plain lines."""
 
     UNITS = {"ingest": "rows", "precache": "samples", "train": "steps", "eval": "images"}
+    QUIET_S = 4.5  # without a terminal: the longest silence before a line saying what the command is doing (< 5 s)
 
     def __init__(self, train_steps: int | None = None, prefect: bool = True) -> None:
         from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
@@ -180,12 +181,16 @@ class CommandProgress:
         self.current: Any = None
         self.stage = ""
         self._lock = threading.Lock()  # reports come from the flow's threads and the ingest workers' progress thread
+        self._last_line = self._stage_started = time.monotonic()
+        self._done = threading.Event()
 
     def __enter__(self) -> CommandProgress:
         from tasks import progress
 
         if stderr.is_terminal:  # drawn only where someone watches (nothing, not even a blank line, in a pipe)
             self.bar.start()
+        else:  # a pipe or a log file: a line on stderr after QUIET_S without one (what runs, for how long)
+            threading.Thread(target=self._keep_talking, name="unirl-progress-lines", daemon=True).start()
         self.start_stage("starting")  # until the first stage reports (imports, Prefect's temporary server)
         if self.prefect and not os.environ.get("PREFECT_API_URL"):
             self.bar.update(self.current, info="Prefect's temporary server (`unirl serve` saves it)")
@@ -196,10 +201,34 @@ class CommandProgress:
         from tasks import progress
 
         progress.remove_listener(self.report)
+        self._done.set()
         if self.bar.live.is_started:
             self.bar.stop()
 
+    def _keep_talking(self) -> None:
+        while not self._done.wait(min(0.25, self.QUIET_S / 2)):
+            with self._lock:
+                if time.monotonic() - self._last_line >= self.QUIET_S and not self._done.is_set():
+                    stderr.file.write(f"  ... {self.doing()}\n")
+                    stderr.file.flush()
+                    self._last_line = time.monotonic()
+
+    def doing(self) -> str:
+        """The current stage as a line: `train: 0 of 24 steps, 16 s (starting the round: ...)`."""
+        task = self.bar.tasks[self.current]
+        unit, info = task.fields.get("unit", ""), task.fields.get("info", "")
+        what = task.description
+        if task.total:
+            what += f": {int(task.completed)} of {int(task.total)} {unit}"
+        elif task.completed:
+            what += f": {int(task.completed)} {unit}"
+        what += f", {time.monotonic() - self._stage_started:.0f} s"
+        if self.stage == "train" and not task.completed:
+            info = info or "starting the round: Ray, the workers building the model"
+        return what + (f" ({info})" if info else "")
+
     def line(self, text: str) -> None:
+        self._last_line = time.monotonic()
         if self.bar.live.is_started:
             self.bar.console.print(text, markup=False, highlight=False)
         else:
@@ -209,7 +238,7 @@ class CommandProgress:
     def start_stage(self, stage: str, total: int | None = None) -> None:
         if self.current is not None:
             self.bar.update(self.current, visible=False)
-        self.stage = stage
+        self.stage, self._stage_started = stage, time.monotonic()
         self.current = self.bar.add_task(stage, total=total, unit=self.UNITS.get(stage, ""), info="")
 
     def report(self, kind: str, amount: Any) -> None:

@@ -91,3 +91,27 @@ def test_every_state_of_the_display_fits_80_columns_whole(monkeypatch):
     for lines, info in states:
         assert len(lines) == 1 and len(lines[0]) <= 80 and "…" not in lines[0], lines
         assert info and info in lines[0], (info, lines)
+
+
+def test_without_a_terminal_a_silence_becomes_a_line_saying_what_runs(monkeypatch):
+    """Piped, the command is never silent for more than QUIET_S: a line on stderr names the stage, its progress and
+    its time; a printed line resets the wait."""
+    import time
+
+    piped = Console(file=io.StringIO(), force_terminal=False)
+    monkeypatch.setattr(console, "stderr", piped)
+    monkeypatch.setattr(console, "stdout", Console(file=io.StringIO()))
+    monkeypatch.setattr(console.CommandProgress, "QUIET_S", 0.3)
+    monkeypatch.delenv("PREFECT_API_URL", raising=False)
+    with console.CommandProgress(train_steps=24) as display:
+        time.sleep(0.9)
+        starting = piped.file.getvalue()
+        progress.report("stage", "train")
+        time.sleep(0.9)
+        display.line("  a step")
+        before = piped.file.getvalue()
+    lines = starting.splitlines()
+    assert lines and all(line.startswith("  ... starting") for line in lines), starting
+    assert "Prefect's temporary server" in lines[0]
+    assert "  ... train: 0 of 24 steps" in before and "starting the round" in before
+    assert piped.file.getvalue() == before  # stopped with the command
