@@ -201,7 +201,8 @@ class CommandProgress:
         from tasks import progress
 
         progress.remove_listener(self.report)
-        self._done.set()
+        with self._lock:  # no progress line after the command's own output ends
+            self._done.set()
         if self.bar.live.is_started:
             self.bar.stop()
 
