@@ -25,9 +25,10 @@ RTOL = 1e-2
 ATOL = 1e-6
 
 
-def check_golden(table: str, key: str, rows: list[dict]) -> None:
-    """`rows`' CHECKED metrics equal the golden `key` of `GOLDENS/<table>.json` within RTOL/ATOL; with
-    UNIRL_RECORD_GOLDENS=1, record them instead (the test is then skipped, saying so)."""
+def check_golden(table: str, key: str, rows: list[dict], steps: int | None = None) -> None:
+    """`rows`' CHECKED metrics equal the golden `key` of `GOLDENS/<table>.json` within RTOL/ATOL, at the first
+    `steps` steps (all by default: a run whose trajectory parts between CPUs checks the steps before it does); with
+    UNIRL_RECORD_GOLDENS=1, record them all instead (the test is then skipped, saying so)."""
     path = GOLDENS / f"{table}.json"
     goldens = json.loads(path.read_text()) if path.is_file() else {}
     got = [{name: row[name] for name in CHECKED if name in row} for row in rows]
@@ -43,7 +44,7 @@ def check_golden(table: str, key: str, rows: list[dict]) -> None:
     )
     expected = goldens[key]
     assert len(got) == len(expected), f"{key}: {len(got)} steps, the golden has {len(expected)}"
-    for step, (row, golden) in enumerate(zip(got, expected, strict=True)):
+    for step, (row, golden) in enumerate(zip(got[:steps], expected[:steps], strict=True)):
         assert row.keys() == golden.keys(), f"{key} step {step}: metrics {sorted(row)} vs golden {sorted(golden)}"
         for name, value in golden.items():
             assert math.isclose(row[name], value, rel_tol=RTOL, abs_tol=ATOL), (
