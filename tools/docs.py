@@ -99,6 +99,8 @@ def recipe_page() -> str:
         nested: list[tuple[str, type[BaseModel], str | None]] = []
         rows = []
         for name, field in model.model_fields.items():
+            if name in getattr(model, "unread_keys", ()):  # refused by this member (a token algorithm's)
+                continue
             key = f"{prefix}.{name}" if prefix else name
             members = _models(field.annotation)
             for tag, member in members:
@@ -113,6 +115,12 @@ def recipe_page() -> str:
             section(key, member, member_title)
 
     section("", Recipe)
+    from unirl_core.domains.base import DomainConfig
+    from unirl_core.domains.registry import BUILT_IN, domain_class
+
+    for name in BUILT_IN:  # each built-in domain's own `train.domain` keys
+        if (config := domain_class(name).config_class) is not DomainConfig:
+            section("train.domain", config, f"train.domain (`name: {name}`)")
     return "\n".join(lines).rstrip() + "\n"
 
 
@@ -213,6 +221,8 @@ def _recipe_keys() -> tuple[set[str], set[str]]:
 
     def walk(prefix: str, model: type[BaseModel]) -> None:
         for name, field in model.model_fields.items():
+            if name in getattr(model, "unread_keys", ()):  # refused by this member (a token algorithm's)
+                continue
             key = f"{prefix}.{name}" if prefix else name
             keys.add(key)
             if any(contained for _, _, contained in _flatten(field.annotation)):

@@ -13,9 +13,10 @@ WINDOW = 4
 STEPS = 16  # the demo's 24 cost a third more; at 16 every family but FLUX.2-Klein clears the claim
 
 
-def reward_gain(overrides: list[str], seed: int, output_dir, steps: int = STEPS) -> tuple[float, list[dict]]:
+def reward_gain(overrides: list[str], seed: int, output_dir, steps: int = STEPS,
+                recipe: str = "demo") -> tuple[float, list[dict]]:  # fmt: skip
     config = load_recipe(
-        "demo", [f"train.steps={steps}", *overrides, f"train.sampling.seed={seed}", f"train.data.seed={seed}"]
+        recipe, [f"train.steps={steps}", *overrides, f"train.sampling.seed={seed}", f"train.data.seed={seed}"]
     ).train
     metrics = train_locally(config, output_dir)
     rewards = [m["reward_mean"] for m in metrics]
@@ -25,8 +26,8 @@ def reward_gain(overrides: list[str], seed: int, output_dir, steps: int = STEPS)
 SEEDS = (0, 1, 2)
 
 
-def gains_over_seeds(overrides: list[str], tmp_path) -> tuple[list[float], list[list[dict]]]:
-    runs = [reward_gain(overrides, seed, tmp_path / f"seed{seed}") for seed in SEEDS]
+def gains_over_seeds(overrides: list[str], tmp_path, recipe: str = "demo") -> tuple[list[float], list[list[dict]]]:
+    runs = [reward_gain(overrides, seed, tmp_path / f"seed{seed}", recipe=recipe) for seed in SEEDS]
     return [gain for gain, _ in runs], [metrics for _, metrics in runs]
 
 

@@ -2,6 +2,7 @@
 
 rewards_B (B = prompts x samples_per_prompt, siblings adjacent) -> view [G, K]
 A = (r - mean_group) / (std_group + eps)      std per group, or one batch-wide std; population (ddof 0) or N - 1
+A = r - mean_group                          std_mode "none" (Dr. GRPO: no std normalization)
 """
 
 from __future__ import annotations
@@ -29,8 +30,10 @@ def group_advantages(
         std = rewards_GK.std(dim=1, keepdim=True, correction=ddof)
     elif std_mode == "batch":
         std = rewards_GK.std(correction=ddof).expand_as(mean_G1)
+    elif std_mode == "none":
+        std, eps = torch.zeros_like(mean_G1), 1.0
     else:
-        raise ValueError(f"std_mode={std_mode!r}: choose group or batch")
+        raise ValueError(f"std_mode={std_mode!r}: choose group, batch or none")
     advantages = ((rewards_GK - mean_G1) / (std + eps)).view(-1)
     if clip is not None:
         advantages = advantages.clamp(-clip, clip)
@@ -59,8 +62,11 @@ def prompt_group_advantages(
     for prompt in dict.fromkeys(prompts):
         index = torch.tensor([i for i, p in enumerate(prompts) if p == prompt])
         members = rewards[index]
-        std = members.std(correction=ddof) if std_mode == "group" else batch_std
-        advantages[index] = (members - members.mean()) / (std + eps)
+        if std_mode == "none":
+            advantages[index] = members - members.mean()
+        else:
+            std = members.std(correction=ddof) if std_mode == "group" else batch_std
+            advantages[index] = (members - members.mean()) / (std + eps)
         zero_std.append(float(members.max() == members.min()))
     if clip is not None:
         advantages = advantages.clamp(-clip, clip)

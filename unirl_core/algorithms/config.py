@@ -135,10 +135,11 @@ class AlgorithmConfig(StrictModel):
     adv_clip: Annotated[float, Field(gt=0)] = 5.0
     """Advantages are clipped to [-adv_clip, adv_clip]."""
 
-    std_mode: Literal["group", "batch", "per_prompt"] = "group"
+    std_mode: Literal["group", "batch", "per_prompt", "none"] = "group"
     """Advantage normalization: `group` (GRPO: each group's mean and std), `batch` (group mean, one batch-wide std:
-    steadier when rewards within a group are nearly equal), or `per_prompt` (DDPO's tracker: each prompt's recent
-    rewards, see `tracker_buffer_size` and `tracker_min_count`)."""
+    steadier when rewards within a group are nearly equal), `per_prompt` (DDPO's tracker: each prompt's recent
+    rewards, see `tracker_buffer_size` and `tracker_min_count`), or `none` (Dr. GRPO: the group mean subtracted,
+    no division by a std)."""
 
     std_ddof: Annotated[int, Field(ge=0, le=1)] = 0
     """`group` and `batch` std: the population std (0: flow_grpo's np.std) or the N - 1 one (1: DanceGRPO's and

@@ -25,6 +25,10 @@ BUILT_IN = {
     "grpo_guard": "unirl_core.algorithms.grpo_guard:GRPOGuard",
     "flow_dppo": "unirl_core.algorithms.flow_dppo:FlowDPPO",
     "diffusion_nft": "unirl_core.algorithms.diffusion_nft:DiffusionNFT",
+    "token_grpo": "unirl_core.algorithms.token_grpo:TokenGRPO",
+    "dapo": "unirl_core.algorithms.dapo:DAPO",
+    "dr_grpo": "unirl_core.algorithms.dr_grpo:DrGRPO",
+    "gspo": "unirl_core.algorithms.gspo:GSPO",
 }
 
 

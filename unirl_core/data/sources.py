@@ -7,6 +7,7 @@ A source yields batches of `prompts_per_rollout` distinct prompts forever (epoch
 |---------|-------------------|----------------------------------------------------------------------------|
 | `file`  | FilePromptSource  | real runs: reads `data_path`, shuffles each epoch, drops the last partial batch |
 | `smoke` | SmokePromptSource | smoke checks: ignores `data_path`, the same batching over 8 built-in prompts |
+| `arithmetic` | ArithmeticPromptSource | the autoregressive demo: 55 one-digit sums with their answers in `metadata` |
 
 A dotted class path (`mypkg.sources.MySource`) selects any class with the same constructor and methods.
 """
@@ -170,7 +171,30 @@ class SmokePromptSource(PromptListSource):
         super().__init__(prompts, prompts_per_rollout, shuffle=shuffle, seed=seed, origin="the smoke source")
 
 
-SOURCES: dict[str, type] = {"file": FilePromptSource, "smoke": SmokePromptSource}
+class ArithmeticPromptSource(PromptListSource):
+    """Sums of two digits whose answer is one digit ("3+4=", 55 prompts), each with its verifiable answer in
+    `metadata` (`answer`, and `pattern` of a bare number): the autoregressive demo's task. `data_path` is ignored."""
+
+    kind = "arithmetic"
+
+    def __init__(
+        self,
+        data_path: str | None = None,
+        prompts_per_rollout: int = 4,
+        *,
+        shuffle: bool = True,
+        seed: int = 0,
+        prompt_key: str = "prompt",
+    ):
+        if data_path:
+            logger.warning("the arithmetic prompt source ignores train.data.data_path=%s", data_path)
+        pairs = [(a, b) for a in range(10) for b in range(10) if a + b <= 9]
+        prompts = [PromptExample(prompt=f"{a}+{b}=", prompt_id=f"arithmetic:{a}+{b}",
+                                 metadata={"answer": str(a + b), "pattern": r"\d+"}) for a, b in pairs]  # fmt: skip
+        super().__init__(prompts, prompts_per_rollout, shuffle=shuffle, seed=seed, origin="the arithmetic source")
+
+
+SOURCES: dict[str, type] = {"file": FilePromptSource, "smoke": SmokePromptSource, "arithmetic": ArithmeticPromptSource}
 
 
 def source_class(key: str) -> type:

@@ -10,7 +10,10 @@ from __future__ import annotations
 from unirl_core.domains.base import Domain, DomainConfig
 from unirl_core.plugins import named_class
 
-BUILT_IN = {"diffusion": "unirl_core.domains.diffusion.domain:DiffusionDomain"}
+BUILT_IN = {
+    "diffusion": "unirl_core.domains.diffusion.domain:DiffusionDomain",
+    "ar": "unirl_core.domains.ar.domain:ARDomain",
+}
 
 
 class UnknownDomainError(ValueError):

@@ -78,7 +78,12 @@ def build_tiny_pipeline(family: str, seed: int = 0):
 
 
 def write_tiny_model(out_dir: str | Path, family: str, seed: int = 0) -> Path:
-    """Write a complete diffusers pipeline folder that `DiffusionPipeline.from_pretrained(out_dir)` loads."""
+    """Write a complete diffusers pipeline folder that `DiffusionPipeline.from_pretrained(out_dir)` loads (for a
+    tiny causal LM of the autoregressive domain, `qwen3` or `qwen2`: a transformers model folder)."""
+    from unirl_core.models.tiny_lm import TINY_LMS, write_tiny_lm
+
+    if family in TINY_LMS:
+        return write_tiny_lm(out_dir, family, seed)
     out = Path(out_dir)
     if out.exists() and (not out.is_dir() or any(out.iterdir())):
         raise FileExistsError(f"{out} exists and is not an empty folder; choose a new folder or remove it")
@@ -87,7 +92,8 @@ def write_tiny_model(out_dir: str | Path, family: str, seed: int = 0) -> Path:
 
 
 def resolve_model_path(path: str) -> str:
-    """`tiny:<family>` -> a tiny pipeline folder in the workspace (built once); anything else is used as is."""
+    """`tiny:<family>` -> a tiny pipeline (or causal LM: `tiny:qwen3`) folder in the workspace (built once); anything
+    else is used as is."""
     if not path.startswith("tiny:"):
         return path
     from unirl_core.workspace import workspace
@@ -113,7 +119,8 @@ def resolve_model_path(path: str) -> str:
             partial.chmod(0o755)  # mkdtemp made it private
             partial.rename(folder)
         except OSError:
-            if not (folder / "model_index.json").exists():  # not another process's complete folder: a real error
+            if not any((folder / name).exists() for name in ("model_index.json", "config.json")):  # not another
+                # process's complete folder: a real error
                 raise
         finally:
             shutil.rmtree(partial, ignore_errors=True)

@@ -4,6 +4,7 @@ the registry, so config and rewards never import each other in a circle)."""
 from __future__ import annotations
 
 from unirl_core.rewards.functions import REWARDS
+from unirl_core.rewards.text import TEXT_REWARDS
 
 MODEL_REWARDS = {
     "clip_score": "clip",
@@ -34,5 +35,13 @@ def plugin_reward(name: str):
 
 
 def builtin_names() -> set[str]:
-    """Names that need no `remote` entry: the weight-free rewards and the model rewards."""
-    return set(REWARDS) | set(MODEL_REWARDS)
+    """Names that need no `remote` entry: the weight-free rewards (of images and of text) and the model rewards."""
+    return set(REWARDS) | set(TEXT_REWARDS) | set(MODEL_REWARDS)
+
+
+def modality(name: str) -> str:
+    """What a reward scores: `image` (the weight-free image rewards and the model rewards), `text` (text.py's), or
+    `any` (remote scorers and `package.module:function` rewards: their authors decide)."""
+    if name in TEXT_REWARDS:
+        return "text"
+    return "image" if name in REWARDS or name in MODEL_REWARDS else "any"

@@ -3,6 +3,7 @@
 | name          | kind         | configured by                    | file          |
 |---------------|--------------|----------------------------------|---------------|
 | (weight-free) | image stats  | nothing                          | functions.py  |
+| (weight-free) | text checks  | the prompt record's metadata     | text.py       |
 | clip_score    | CLIP model   | `reward.clip`                    | clip.py       |
 | aesthetic     | CLIP + head  | `reward.aesthetic`               | aesthetic.py  |
 | pickscore     | CLIP-H       | `reward.pickscore`               | clip.py       |
@@ -27,6 +28,7 @@ import numpy as np
 from PIL import Image
 
 from unirl_core.rewards.names import MODEL_REWARDS
+from unirl_core.rewards.text import DESCRIPTIONS as TEXT_DESCRIPTIONS
 
 if TYPE_CHECKING:
     from unirl_core.config.schema import RewardConfig
@@ -134,6 +136,9 @@ DESCRIPTIONS: dict[str, tuple[str, str]] = {
         "reward.vlm_judge.model_path: a local chat VLM folder (e.g. Qwen2.5-VL-7B-Instruct)",
     ),
 }
+
+
+DESCRIPTIONS |= TEXT_DESCRIPTIONS
 
 
 def used_model_rewards(config: RewardConfig) -> list[str]:

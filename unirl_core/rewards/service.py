@@ -18,6 +18,7 @@ from unirl_core.rewards.errors import RewardError, ScorerUnavailableError
 from unirl_core.rewards.functions import REWARDS
 from unirl_core.rewards.names import is_plugin, plugin_reward
 from unirl_core.rewards.registry import Scorer, build_scorers
+from unirl_core.rewards.text import TEXT_REWARDS
 
 if TYPE_CHECKING:
     from unirl_core.config.schema import RewardConfig
@@ -29,6 +30,14 @@ def _ignoring_ids(reward):
     return lambda images, prompts, sample_ids: reward(images, prompts)
 
 
+def _reading_metadata(reward):
+    def scorer(outputs, prompts, sample_ids, metadata):
+        return reward(outputs, prompts, metadata)
+
+    scorer.wants_metadata = True
+    return scorer
+
+
 class RewardService:
     """`weights`: reward name -> weight in the total; `guards`: names scored and reported, weight 0.
 
@@ -38,6 +47,7 @@ class RewardService:
         self, weights: Mapping[str, float], guards: Sequence[str] = (), scorers: Mapping[str, Scorer] | None = None
     ):
         available = {name: _ignoring_ids(fn) for name, fn in REWARDS.items()} | dict(scorers or {})
+        available |= {name: _reading_metadata(fn) for name, fn in TEXT_REWARDS.items()}
         available |= {name: _ignoring_ids(plugin_reward(name)) for name in [*weights, *guards] if is_plugin(name)}
         unknown = sorted((set(weights) | set(guards)) - set(available))
         if unknown:

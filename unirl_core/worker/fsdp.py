@@ -56,7 +56,8 @@ def parallelize(module: torch.nn.Module, blocks: list[torch.nn.Module], device: 
     master_weights_fp32(module)
     policy = mixed_precision_policy(fsdp_config.mixed_precision, device, model_dtype)
     if fsdp_config.activation_checkpointing:
-        module.enable_gradient_checkpointing()
+        enable = getattr(module, "enable_gradient_checkpointing", None)  # diffusers; transformers' name below
+        (enable or module.gradient_checkpointing_enable)()
     if dist.get_world_size() == 1 and policy == MixedPrecisionPolicy():
         return
     mesh = init_device_mesh(device.type, (dist.get_world_size(),))

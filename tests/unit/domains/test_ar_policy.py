@@ -1,0 +1,92 @@
+"""The autoregressive policy on a tiny Qwen3 (random weights, built from the real config class): the log-probs a
+rollout records are those of a direct forward over the same tokens, with left-padded prompts of different lengths;
+a sample's completion does not depend on the batch it is drawn in; completions end at the end token or a stop
+string, and nothing after the end is attended or counted."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from unirl_core.config import load_recipe
+from unirl_core.domains.ar.policy import LMPolicy, nucleus
+from unirl_core.models.tiny_lm import write_tiny_lm
+
+PROMPTS = ["3+4=", "a much longer prompt, so the first is left-padded: 1+2=", "9+0="]
+
+
+@pytest.fixture(scope="module")
+def folder(tmp_path_factory):
+    return write_tiny_lm(tmp_path_factory.mktemp("lm") / "tiny-qwen3")
+
+
+def policy(folder, *overrides) -> LMPolicy:
+    config = load_recipe("demo_llm", [f"train.model.path={folder}", "train.domain.max_new_tokens=8",
+                                      *overrides]).train  # fmt: skip
+    return LMPolicy(config, "cpu")
+
+
+def generators(seed: int, n: int) -> list[torch.Generator]:
+    return [torch.Generator().manual_seed(seed + i) for i in range(n)]
+
+
+@pytest.mark.parametrize("chat", [False, True])
+def test_rollout_log_probs_equal_a_direct_forward_over_the_same_tokens(folder, chat):
+    lm = policy(folder, f"train.domain.chat_template={str(chat).lower()}", "train.domain.temperature=0.7")
+    out = lm.generate(PROMPTS, generators(0, len(PROMPTS)))
+    assert out.prompt_mask[0].sum() < out.prompt_mask[1].sum() == out.prompt_ids.shape[1]  # left padding
+    batched = lm.token_logp(out)  # training geometry: one forward over [prompt | completion], padded
+    torch.testing.assert_close(batched * out.mask, out.logp, rtol=0, atol=1e-5)
+    for i, prompt in enumerate(PROMPTS):  # each row alone, no padding at all
+        length = int(out.mask[i].sum())
+        ids = torch.cat([lm.encode([prompt])[0][0], out.ids[i, :length]])[None]
+        logits = lm.trainable(input_ids=ids).logits[0, -length - 1 : -1].float() / 0.7
+        direct = torch.log_softmax(logits, -1).gather(-1, ids[0, -length:, None])[:, 0]
+        torch.testing.assert_close(out.logp[i, :length], direct, rtol=0, atol=1e-5)
+
+
+def test_a_sample_draws_the_same_completion_alone_or_in_a_batch(folder):
+    lm = policy(folder)
+    together = lm.generate(PROMPTS, generators(7, 3))
+    alone = lm.generate(PROMPTS[2:], generators(9, 1))  # the third prompt with the third generator
+    length = int(alone.mask[0].sum())
+    assert together.texts[2] == alone.texts[0] and int(together.mask[2].sum()) == length
+    torch.testing.assert_close(together.logp[2, :length], alone.logp[0, :length], rtol=0, atol=1e-5)
+    assert lm.generate(PROMPTS, generators(7, 3)).texts == together.texts  # same seeds, same completions
+
+
+def test_completions_end_at_the_end_token_or_a_stop_string(folder):
+    lm = policy(folder, "train.domain.max_new_tokens=24")
+    out = lm.generate(PROMPTS * 4, generators(0, 12))
+    for ids, mask, truncated in zip(out.ids, out.mask, out.truncated, strict=True):
+        length = int(mask.sum())
+        assert mask[:length].all() and not mask[length:].any()  # one run of 1s from the start
+        assert (ids[length:] == lm.tokenizer.pad_token_id).all()
+        assert truncated == (length == 24 and ids[length - 1].item() not in lm.end_ids)
+    ended = [t for t, trunc in zip(out.texts, out.truncated, strict=True) if not trunc]
+    assert ended, "no completion of 12 reached the end token in 24 tokens: draw more"
+
+    stop = out.texts[0][:2]  # a string the first completion contains: drawn again, it ends there
+    stopped = policy(folder, "train.domain.max_new_tokens=24", f"train.domain.stop=[{stop!r}]")
+    again = stopped.generate(PROMPTS * 4, generators(0, 12))
+    assert again.texts[0].endswith(stop) and len(again.texts[0]) <= len(out.texts[0])
+    for ids, mask, text, truncated in zip(again.ids, again.mask, again.texts, again.truncated, strict=True):
+        assert truncated or stop in text or ids[int(mask.sum()) - 1].item() in stopped.end_ids
+
+
+def test_greedy_generation_takes_the_most_likely_token(folder):
+    lm = policy(folder, "train.domain.max_new_tokens=1")
+    out = lm.generate(PROMPTS, None)
+    ids, mask = lm.encode(PROMPTS)
+    from unirl_core.domains.ar.policy import positions
+
+    logits = lm.trainable(input_ids=ids, attention_mask=mask, position_ids=positions(mask)).logits[:, -1]
+    assert out.ids[:, 0].tolist() == logits.argmax(-1).tolist()
+
+
+def test_top_p_keeps_the_smallest_set_that_reaches_p():
+    logits = torch.log(torch.tensor([[0.5, 0.3, 0.15, 0.05]]))
+    kept = nucleus(logits, 0.8).isfinite()[0].tolist()
+    assert kept == [True, True, False, False]  # 0.5 + 0.3 reaches 0.8
+    assert nucleus(logits, 0.4).isfinite()[0].tolist() == [True, False, False, False]  # the top token always
+    assert nucleus(logits, 1.0).isfinite().all()

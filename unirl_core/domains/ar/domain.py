@@ -1,0 +1,142 @@
+"""The autoregressive domain on the `Domain` contract: a causal LM's completions of the prompts (what text rewards
+score), trained by a token algorithm; evaluation completions; text grids; exports `from_pretrained` loads."""
+
+from __future__ import annotations
+
+from typing import ClassVar
+
+import torch
+
+from unirl_core.domains.ar.config import ARDomainConfig
+from unirl_core.domains.base import Domain, DomainConfig
+
+
+class ARRollout:
+    """A rollout the worker keeps for `stack.train`: the samples, their completions, the texts the rewards score."""
+
+    def __init__(self, samples: list, completions):
+        self.samples, self.completions = samples, completions
+        self.outputs = completions.texts
+
+
+class ARDomain(Domain):
+    config_class: ClassVar[type[DomainConfig]] = ARDomainConfig
+
+    # --- rank side --------------------------------------------------------------------------------------------
+
+    def build_policy(self):
+        from unirl_core.domains.ar.policy import LMPolicy
+
+        return LMPolicy(self.config, self.device)
+
+    def rl_stack(self, policy):
+        from unirl_core.domains.ar.stack import TokenStack
+
+        config = self.config
+        return TokenStack(policy, config.algorithm, total_updates=config.steps * config.algorithm.num_updates_per_batch,
+                          gather=not config.fsdp.reshard_after_forward)  # fmt: skip
+
+    def rollout(self, policy, stack, samples: list, step: int) -> ARRollout:
+        """Completions of `samples`, sample i's draws from its own generator seeded by (seed, step, sample id)."""
+        from unirl_core.data.noise import sample_seed
+
+        seed = self.config.sampling.seed
+        generators = [torch.Generator().manual_seed(sample_seed(seed, f"{step}:{s.sample_id}")) for s in samples]
+        return ARRollout(samples, policy.generate([s.example.prompt for s in samples], generators))
+
+    def evaluate(self, policy, stack, prompts: list[str], first_index: int, seed: int, steps: int | None = None,
+                 guidance: float | None = None) -> list:  # fmt: skip
+        """Greedy completions (`train.domain.eval_mode: sample`: drawn from (seed, prompt index))."""
+        from unirl_core.data.noise import sample_seed
+
+        generators = None
+        if self.config.domain.eval_mode == "sample":
+            generators = [torch.Generator().manual_seed(sample_seed(seed, f"eval:{first_index + i}"))
+                          for i in range(len(prompts))]  # fmt: skip
+        return policy.generate(prompts, generators).texts
+
+    # --- controller side --------------------------------------------------------------------------------------
+
+    @classmethod
+    def config_problems(cls, config):
+        from unirl_core.algorithms.registry import algorithm_class
+        from unirl_core.rewards.names import modality
+
+        yield from super().config_problems(config)
+        name = config.algorithm.name
+        if "ar" not in algorithm_class(name).domains:
+            yield ("algorithm.name", name, "a token algorithm of the autoregressive domain: token_grpo, dapo, dr_grpo "
+                   "or gspo")  # fmt: skip
+        if config.algorithm.beta > 0 and config.model.lora is None:
+            yield ("algorithm.beta", config.algorithm.beta, "0 with full fine-tuning (model.lora: null), or train "
+                   "with LoRA: the reference policy is the model with its adapter disabled")  # fmt: skip
+        for key, names in (("weights", config.reward.weights), ("guards", config.reward.guards)):
+            for reward in names:
+                if modality(reward) == "image":
+                    yield (f"reward.{key}.{reward}", reward, "a text reward (math_verify, exact_match, regex_match, "
+                           "think_answer), a remote scorer or a 'package.module:function': the ar domain's outputs "
+                           "are text, not images")  # fmt: skip
+
+    @classmethod
+    def start_problems(cls, config) -> list[str]:
+        """A model folder that is not a transformers causal LM with its tokenizer (config.json, tokenizer files)."""
+        from pathlib import Path
+
+        path = config.model.path
+        if path.startswith("tiny:"):
+            from unirl_core.models.tiny_lm import TINY_LMS
+
+            name = path.split(":", 1)[1]
+            return [] if name in TINY_LMS else [f"train.model.path: {path!r}: the ar domain's tiny models are "
+                                                f"{', '.join(f'tiny:{n}' for n in TINY_LMS)}"]  # fmt: skip
+        folder = Path(path).expanduser()
+        if not folder.is_dir():
+            return [f"train.model.path: {path!r} is not a folder; give the local folder of a transformers causal LM "
+                    "(config.json, weights, tokenizer files)"]  # fmt: skip
+        missing = [n for n in ("config.json",) if not (folder / n).is_file()]
+        if not any((folder / n).is_file() for n in ("tokenizer.json", "tokenizer_config.json")):
+            missing.append("tokenizer.json or tokenizer_config.json")
+        return [f"train.model.path: {path} has no {', '.join(missing)}; give the folder of a transformers causal LM "
+                "saved with save_pretrained (model and tokenizer)"] if missing else []  # fmt: skip
+
+    @classmethod
+    def title(cls, config) -> str:
+        return f"causal LM ({config.model.path})"
+
+    @classmethod
+    def grid(cls, outputs: list, captions: list[str], cols: int):
+        """The completions as text cells (a row per caption)."""
+        import textwrap
+
+        from PIL import Image, ImageDraw
+
+        from unirl_core.worker.images import captioned_grid
+
+        cells = []
+        for output in outputs:
+            cell = Image.new("RGB", (256, 128), "white")
+            text = "\n".join(textwrap.wrap(output.replace("\n", " / "), 40)[:9]) or "(empty)"
+            ImageDraw.Draw(cell).multiline_text((4, 4), text, fill="black")
+            cells.append(cell)
+        return captioned_grid(cells, captions, cols=cols)
+
+    @classmethod
+    def export(cls, policy, config, folder, merged: bool) -> bool:
+        """A peft adapter folder (with the tokenizer), or the merged model (`merged`, or full fine-tuning):
+        `AutoModelForCausalLM.from_pretrained(folder)` loads it (the adapter through peft)."""
+        model = policy.trainable
+        if policy.has_lora and merged:
+            model = model.merge_and_unload()
+        model.save_pretrained(folder, safe_serialization=True)
+        policy.tokenizer.save_pretrained(folder)
+        return merged or not policy.has_lora
+
+    @classmethod
+    def model_card(cls, config, run_name: str):
+        from unirl_core.tracking.model_card import ModelCard
+
+        fmt = "peft-lora-adapter" if config.model.lora else "transformers-causal-lm"
+        return ModelCard(run_name=run_name, family="causal_lm", base_model=config.model.path,
+                         algorithm=config.algorithm.name, steps=config.steps, warmup_steps=0, height=0, width=0,
+                         format=fmt, load_with="transformers: AutoModelForCausalLM.from_pretrained(<this folder>)"
+                         + (" after peft's PeftModel" if config.model.lora else ""))  # fmt: skip
