@@ -90,3 +90,30 @@ def test_a_lora_export_is_a_peft_adapter_on_the_base_folder(tmp_path):
     assert (export / "adapter_model.safetensors").is_file() and (export / "adapter_config.json").is_file()
     model = AutoPeftModelForCausalLM.from_pretrained(export)
     assert model.peft_config["default"].r == 4
+
+
+def test_one_and_two_ray_workers_give_the_same_rewards_and_updates(ray_local, tmp_path, monkeypatch):
+    """Sample i's draws come from (seed, step, sample id) alone, and DAPO's token mean divides by the tokens of both
+    ranks (one all-reduce): one rank in this process and 2 FSDP2 workers on Ray take the same steps."""
+    import json
+    import os
+    from pathlib import Path
+
+    support = Path(__file__).resolve().parents[1] / "support"  # the workers import the dense reward from there
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(support), os.environ.get("PYTHONPATH", "")]))
+
+    from unirl_core.controller import METRICS_FILE, output_dir, plan_rounds, run_round
+
+    config = load_recipe("demo_llm", ["train.steps=3", "train.domain.max_new_tokens=4", "train.algorithm.name=dapo",
+                                      DENSE, "train.reward.guards=[]", "train.ray.env_vars=[PYTHONPATH]"]).train  # fmt: skip
+    one = train_locally(config, tmp_path / "one", cpus_per_worker=1)
+    two_config = config.model_copy(update={"output_dir": str(tmp_path / "two"),
+                                           "ray": config.ray.model_copy(update={"workers": 2})})  # fmt: skip
+    for round_ in plan_rounds(two_config):
+        run_round(two_config, round_)
+    two = [json.loads(line) for line in (output_dir(two_config) / METRICS_FILE).read_text().splitlines()]
+    assert [r["reward_mean"] for r in one] == [r["reward_mean"] for r in two]  # bitwise, every step
+    assert [r["response_length_mean"] for r in one] == [r["response_length_mean"] for r in two]
+    for key in ("loss", "grad_norm", "entropy"):
+        largest = max(abs(a[key] - b[key]) for a, b in zip(one, two, strict=True))
+        assert largest <= 1e-5 * max(abs(a[key]) for a in one) + 1e-8, (key, largest)  # summation order only
