@@ -174,6 +174,21 @@ def plan(
     if loaded.train is None:
         raise _fail(f"error: recipe {recipe} has no `train` section")
     config = loaded.train
+    if config.domain.name == "ar":  # a causal LM: its config.json, not a diffusers pipeline
+        from unirl_core.domains.ar.plan import lm_memory_plan, plan_source
+
+        if variant is None and config.model.path.startswith(_UNSET):
+            raise _fail(f"error: train.model.path comes from {config.model.path[len(_UNSET) :]}, which is not set: "
+                        "set it to the model's folder or pass --variant, one of: qwen3-8b, qwen3-4b")  # fmt: skip
+        try:
+            source = plan_source(config, variant)
+        except ValueError as exc:
+            raise _fail(f"error: {exc}") from None
+        _quiet_model_libraries()
+        typer.echo(format_plan(lm_memory_plan(config, source)))
+        if unset:
+            typer.echo(f"not set, and not needed for the plan: {', '.join(sorted(unset))}")
+        return
     family_class(config.model.family)  # an unknown family: one error line (UserError)
     if variant is not None:
         if variant not in VARIANTS:

@@ -116,3 +116,36 @@ def test_packaged_family_recipes_plan_at_their_real_size_before_any_location_is_
     result = CliRunner().invoke(app, ["plan", recipe])
     assert result.exit_code == 2 and result.stderr.startswith("error: train.model.path comes from MODEL_PATH, which is")
     assert f"pass --variant, one of: {RECIPES[recipe]}" in result.stderr or RECIPES[recipe] in result.stderr
+
+
+def test_a_causal_lm_recipe_plans_from_its_config_with_the_documented_terms():
+    """`unirl plan qwen3_8b_grpo --variant qwen3-8b`: Qwen3-8B's 8.2 B parameters; LoRA r64 on the 7 linear layers of
+    each of 36 layers is 64 x (in + out) summed: 36 x 64 x 75,776 = 174.6 M; the KV cache is N S L 2 kv_heads
+    head_dim b (docs of unirl_core/domains/ar/plan.py)."""
+    from unirl_core.domains.ar.plan import PROMPT_TOKENS, lm_memory_plan
+
+    config = load_recipe("qwen3_8b_grpo", ["train.model.path=unused", "train.data.data_path=unused"]).train
+    plan = lm_memory_plan(config, "qwen3-8b")
+    assert plan.parameters["model"] / 1e9 == pytest.approx(8.2, rel=0.03)
+    assert plan.trainable == 36 * 64 * (2 * 4096 + 2 * (4096 + 1024) + 4096 + 4096 + 3 * (4096 + 12288))
+    samples, tokens = 32 * 8 // 8, PROMPT_TOKENS + 1024
+    assert plan.samples_per_worker == samples and plan.tokens == tokens
+    assert plan.rollout["KV cache"] * 1024**3 == pytest.approx(samples * tokens * 36 * 2 * 8 * 128 * 2)
+    assert plan.training["logits and log-probs"] * 1024**3 == pytest.approx(4 * tokens * 151936 * (2 + 8))
+    assert plan.largest()[0] == "training: activations"
+    checkpointed = lm_memory_plan(config.model_copy(update={"fsdp": config.fsdp.model_copy(
+        update={"activation_checkpointing": True})}), "qwen3-8b")  # fmt: skip
+    assert checkpointed.training_total < plan.training_total / 2
+
+
+def test_unirl_plan_of_a_causal_lm_recipe_needs_no_data_or_weights():
+    from typer.testing import CliRunner
+
+    from flows.cli import app
+
+    result = CliRunner().invoke(app, ["plan", "qwen3_8b_grpo", "--variant", "qwen3-8b"])
+    assert result.exit_code == 0, result.output
+    assert "model: causal_lm from qwen3-8b" in result.stdout and "largest term: training: activations" in result.stdout
+    assert "not set, and not needed for the plan: DATA_PATH, MODEL_PATH" in result.stdout
+    refused = CliRunner().invoke(app, ["plan", "qwen3_8b_grpo", "--variant", "sd3.5-medium"])
+    assert refused.exit_code == 2 and "is not a causal LM; variants: qwen3-8b, qwen3-4b" in refused.output
