@@ -6,6 +6,8 @@ resumes to the uninterrupted result bitwise, every token algorithm trains, and t
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 from learning import assert_learns, gains_over_seeds
 from local_training import comparable, train_locally
@@ -97,7 +99,6 @@ def test_one_and_two_ray_workers_give_the_same_rewards_and_updates(ray_local, tm
     ranks (one all-reduce): one rank in this process and 2 FSDP2 workers on Ray take the same steps."""
     import json
     import os
-    from pathlib import Path
 
     support = Path(__file__).resolve().parents[1] / "support"  # the workers import the dense reward from there
     monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(support), os.environ.get("PYTHONPATH", "")]))
@@ -117,3 +118,21 @@ def test_one_and_two_ray_workers_give_the_same_rewards_and_updates(ray_local, tm
     for key in ("loss", "grad_norm", "entropy"):
         largest = max(abs(a[key] - b[key]) for a, b in zip(one, two, strict=True))
         assert largest <= 1e-5 * max(abs(a[key]) for a in one) + 1e-8, (key, largest)  # summation order only
+
+
+def test_a_rounds_last_samples_are_a_table_of_prompts_completions_and_rewards(mlflow_uri, tmp_path):
+    import json
+
+    from mlflow import MlflowClient
+
+    config = load_recipe("demo_llm", ["train.steps=1", "train.domain.max_new_tokens=3"]).train
+    train_locally(config, tmp_path / "run")
+    rows = [json.loads(line) for line in (tmp_path / "run/samples/round_000_step_00000000.jsonl").open()]
+    assert len(rows) == config.grid_prompts * min(config.grid_images_per_prompt, 8)
+    assert {"prompt", "sample_id", "output", "math_verify", "regex_match", "exact_match", "total"} <= rows[0].keys()
+    assert all(r["total"] == r["math_verify"] + 0.5 * r["regex_match"] for r in rows)
+    client = MlflowClient(mlflow_uri)
+    run = client.search_runs([client.get_experiment_by_name("unirl").experiment_id])[0]
+    folder = client.download_artifacts(run.info.run_id, "samples/round_000.json", str(tmp_path))
+    table = json.loads(Path(folder).read_text())
+    assert table["columns"][:3] == ["prompt", "sample_id", "output"] and len(table["data"]) == len(rows)

@@ -45,6 +45,19 @@ class Grids:
         path = self.out / "samples" / f"round_{self.round.index:03d}_step_{step:08d}.png"
         return self.save_grid(grid, path, "samples", step)
 
+    def save_table(self, rows: list[dict]) -> str:
+        """The grid's samples as rows (prompt, sample id, the output when it is text, each reward) in
+        `samples/round_NNN_step_N.jsonl` and as an MLflow table `samples/round_NNN.json`."""
+        import json
+
+        step = self.round.end - 1
+        path = self.out / "samples" / f"round_{self.round.index:03d}_step_{step:08d}.jsonl"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        write_bytes_atomic(str(path), "".join(json.dumps(row) + "\n" for row in rows).encode())
+        columns = {key: [row.get(key) for row in rows] for key in dict.fromkeys(k for row in rows for k in row)}
+        self.mlflow_run.log_table(columns, f"samples/round_{self.round.index:03d}.json")
+        return str(path)
+
     def save_grid(self, grid, path: Path, key: str, step: int) -> str:
         """The grid, titled with its step, to `path` and to MLflow under `key` (and as `<key>/<file name>`). The
         image card's slider counts a key's grids (0 = the first): the card opens at step 0."""

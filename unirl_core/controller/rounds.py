@@ -83,6 +83,7 @@ class RLRound(RoundStrategy):
 
         super().__init__(controller, precache)
         self.last_outputs: tuple[list, list[str]] | None = None
+        self.last_rows: list[dict] = []
         self.eval = TrainEval(controller) if controller.config.eval else None
 
     def before_steps(self, deadline: float) -> dict[str, Any]:
@@ -131,17 +132,28 @@ class RLRound(RoundStrategy):
         if last:  # only the grid's outputs came back
             outputs = {sample_id: output for r in results for sample_id, output in r["outputs"].items()}
             self.last_outputs = ([outputs[s.sample_id] for s in grid], [b.prompt for b in batch[: config.grid_prompts]])
+            self.last_rows = sample_rows(samples, grid, outputs, scores)
         return metrics
 
     def after_steps(self, deadline: float) -> dict[str, Any]:
         """The last step's sample grid, and the evaluation grid when due."""
         c = self.controller
         summary = {"samples": c.grids.save_samples(*self.last_outputs)} if self.last_outputs else {}
+        if self.last_outputs:
+            c.grids.save_table(self.last_rows)
         rl_rounds = [r for r in plan_rounds(c.config) if r.stage == self.stage]
         every = c.config.eval_every_rounds
         if every and ((c.round.index + 1) % every == 0 or c.round == rl_rounds[-1]):
             summary["eval_samples"] = c.grids.evaluate(c.round.end - 1, deadline - time.monotonic())
         return summary
+
+
+def sample_rows(samples: list, grid: list, outputs: dict, scores: dict[str, list[float]]) -> list[dict]:
+    """A row per grid sample: its prompt and id, its output when it is text (a completion), its rewards."""
+    index = {s.sample_id: i for i, s in enumerate(samples)}
+    return [{"prompt": s.example.prompt, "sample_id": s.sample_id,
+             **({"output": outputs[s.sample_id]} if isinstance(outputs[s.sample_id], str) else {}),
+             **{name: values[index[s.sample_id]] for name, values in scores.items()}} for s in grid]  # fmt: skip
 
 
 class WarmupRound(RoundStrategy):

@@ -194,6 +194,10 @@ class RunTracker:
         if file is not None:
             self._guard(f"image file {key}", "log_artifact", self.run_id, str(file), key)
 
+    def log_table(self, columns: dict[str, list], artifact_file: str) -> None:
+        """A table (column -> values) as `artifact_file` (.json), which MLflow's artifact view shows as a table."""
+        self._guard(f"table {artifact_file}", "log_table", self.run_id, columns, artifact_file)
+
     def log_file(self, file: str | Path, artifact_path: str | None = None) -> None:
         """A file as an artifact of the run (under `artifact_path`)."""
         self._guard(f"file {Path(file).name}", "log_artifact", self.run_id, str(file), artifact_path)

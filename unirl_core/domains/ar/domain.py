@@ -112,10 +112,11 @@ class ARDomain(Domain):
 
         from unirl_core.worker.images import captioned_grid
 
+        texts = ["\n".join(textwrap.wrap(output.replace("\n", " / "), 40)[:9]) or "(empty)" for output in outputs]
+        height = 12 + 12 * max(text.count("\n") + 1 for text in texts)  # every cell as tall as the longest
         cells = []
-        for output in outputs:
-            cell = Image.new("RGB", (256, 128), "white")
-            text = "\n".join(textwrap.wrap(output.replace("\n", " / "), 40)[:9]) or "(empty)"
+        for text in texts:
+            cell = Image.new("RGB", (256, height), "white")
             ImageDraw.Draw(cell).multiline_text((4, 4), text, fill="black")
             cells.append(cell)
         return captioned_grid(cells, captions, cols=cols)
