@@ -98,7 +98,7 @@ class TokenStack:
                     ids = [rollout.samples[i].sample_id for i in micro.tolist()]
                     raise NonFiniteError(f"step {step}: non-finite loss for samples {ids}; optimizer step skipped")
                 loss.backward()
-                for key, value in {**info, "loss": loss, "entropy": masked_mean(entropy, mask[micro])}.items():
+                for key, value in {**info, "loss": loss.detach(), "entropy": masked_mean(entropy, mask[micro])}.items():
                     metrics.setdefault(key, []).append(float(value))
         grad_norm = clip_gradients(self.policy.parameters(), self.config.max_grad_norm)
         if not torch.isfinite(grad_norm):
