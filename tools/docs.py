@@ -232,6 +232,10 @@ def _recipe_keys() -> tuple[set[str], set[str]]:
                     walk(key, member)
 
     walk("", Recipe)
+    from unirl_core.domains.registry import BUILT_IN, domain_class
+
+    for name in BUILT_IN:  # each built-in domain's own `train.domain` keys
+        walk("train.domain", domain_class(name).config_class)
     return keys, open_keys
 
 

@@ -136,3 +136,44 @@ def test_a_rounds_last_samples_are_a_table_of_prompts_completions_and_rewards(ml
     folder = client.download_artifacts(run.info.run_id, "samples/round_000.json", str(tmp_path))
     table = json.loads(Path(folder).read_text())
     assert table["columns"][:3] == ["prompt", "sample_id", "output"] and len(table["data"]) == len(rows)
+
+
+def test_dapos_overlong_shaping_costs_the_last_buffer_tokens_linearly(mlflow_uri, tmp_path):
+    """DAPO's soft overlong punishment (its numbers: 0 up to 16384 of 20480 tokens, -0.5 at 18432, -1 at 20480), and
+    in a round: the `overlong` term of each completion by its length, added to the total."""
+    import json
+
+    from unirl_core.domains.ar.domain import overlong_terms
+
+    assert overlong_terms([100, 16384, 18432, 20480], 20480, 4096, 1.0) == [0.0, 0.0, -0.5, -1.0]
+    config = load_recipe("demo_llm", ["train.steps=1", "train.domain.max_new_tokens=4", "train.domain.overlong_buffer=2",
+                                      "train.grid_images_per_prompt=8"]).train  # fmt: skip
+    rows = train_locally(config, tmp_path / "run")
+    table = [json.loads(line) for line in (tmp_path / "run/samples/round_000_step_00000000.jsonl").open()]
+    assert {row["overlong"] for row in table} <= {0.0, -0.5, -1.0} and min(row["overlong"] for row in table) < 0
+    assert all(r["total"] == r["math_verify"] + 0.5 * r["regex_match"] + r["overlong"] for r in table)
+    assert rows[0]["reward_overlong_mean"] == sum(r["overlong"] for r in table) / len(table)  # the grid is all 32
+    with pytest.raises(Exception, match="train.domain.overlong_buffer: got 4; fewer than domain.max_new_tokens"):
+        load_recipe("demo_llm", ["train.domain.max_new_tokens=4", "train.domain.overlong_buffer=4"])
+
+
+def test_a_vlm_trains_on_prompts_with_condition_images(tmp_path):
+    """The tiny LLaVA (`tiny:llava`) on a prompt file whose records carry an image (`media_refs` role condition),
+    loaded as a rollout's condition images are: the round trains on them (that an image reaches the tokens, and the
+    log-probs with images: tests/unit/domains/test_ar_policy.py)."""
+    import json
+
+    from PIL import Image
+
+    records = []
+    for i, colour in enumerate(["red", "blue", "green", "white"]):
+        Image.new("RGB", (40, 40), colour).save(tmp_path / f"{colour}.png")
+        records.append({"prompt": f"{i}+1=", "metadata": {"answer": str(i + 1), "pattern": r"\d+"},
+                        "media_refs": [{"modality": "image", "role": "condition", "uri": str(tmp_path / f"{colour}.png")}]})  # fmt: skip
+    (tmp_path / "prompts.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
+    config = load_recipe("demo_llm", ["train.model.path=tiny:llava", "train.data.source=file", "train.steps=2",
+                                      f"train.data.data_path={tmp_path / 'prompts.jsonl'}", "train.domain.image_size=32",
+                                      "train.domain.max_new_tokens=4", DENSE, "train.reward.guards=[]"]).train  # fmt: skip
+    rows = train_locally(config, tmp_path / "run")
+    assert [row["step"] for row in rows] == [0, 1] and all(row["grad_norm"] > 0 for row in rows)
+    assert rows[0]["ratio_mean"] == 1.0

@@ -1,7 +1,7 @@
 """DAPO (arXiv 2503.14476; TRL's `loss_type="dapo"`): clip-higher (eps_low 0.2, eps_high 0.28), the token-level
-mean over the whole batch (long completions weigh by their tokens), no KL term. Its dynamic sampling (drawing more
-prompts until every group's rewards differ) and overlong reward shaping are not here yet: `drop_zero_advantage`
-leaves equal-reward groups out of the loss instead."""
+mean over the whole batch (long completions weigh by their tokens), no KL term. Its overlong reward shaping is the
+autoregressive domain's `overlong_buffer`; its dynamic sampling (drawing more prompts until every group's rewards
+differ) is not here yet: `drop_zero_advantage` leaves equal-reward groups out of the loss instead."""
 
 from __future__ import annotations
 

@@ -9,7 +9,8 @@ the worker group, EMA and checkpoints of the trained module.
         rl_stack(policy)                   -> the RL train stack: `train(rollout, advantages_B, step)` -> metrics,
                                               `rollout_policy()` (a context), `optimizer`, `scheduler`, `states()`
         rollout(policy, stack, samples, step) -> a rollout whose `outputs` (sample order) the rewards score; the
-                                              worker keeps it for `stack.train`
+                                              worker keeps it for `stack.train`; its optional `reward_terms`
+                                              ({name: a float per sample}) add to the total as they are
         evaluate(policy, stack, prompts, first_index, seed[, steps, guidance])
                                            -> deterministic outputs of evaluation prompts (stack None outside
                                               training: `unirl eval`; steps, guidance: `train.eval`'s)

@@ -1,5 +1,6 @@
 """Tiny causal LMs, random weights, for the autoregressive domain's tests and CPU demo: `tiny:qwen3` and
-`tiny:qwen2` in `train.model.path` build one in the workspace once (as `tiny:<family>` does for diffusion).
+`tiny:qwen2` (and the tiny VLM, `tiny:llava`) in `train.model.path` build one in the workspace once (as
+`tiny:<family>` does for diffusion).
 
 | part      | size                                                                                          |
 |-----------|-----------------------------------------------------------------------------------------------|
@@ -16,7 +17,7 @@ from pathlib import Path
 
 import torch
 
-TINY_LMS = ("qwen3", "qwen2")
+TINY_LMS = ("qwen3", "qwen2", "llava")  # llava: the tiny VLM (models/tiny_vlm.py: LLaVA with a Qwen2 decoder)
 
 
 def build_tiny_lm(arch: str = "qwen3", seed: int = 0):
@@ -44,7 +45,12 @@ def build_tiny_lm(arch: str = "qwen3", seed: int = 0):
 
 
 def write_tiny_lm(folder: str | Path, arch: str = "qwen3", seed: int = 0) -> Path:
-    """Write the tiny `arch` (about 150 KB) where `AutoModelForCausalLM`/`AutoTokenizer.from_pretrained` load it."""
+    """Write the tiny `arch` (about 150 KB) where `AutoModelForCausalLM`/`AutoTokenizer.from_pretrained` load it
+    (`llava`: the tiny VLM, which `AutoModelForImageTextToText`/`AutoProcessor` load)."""
+    if arch == "llava":
+        from unirl_core.models.tiny_vlm import write_tiny_vlm
+
+        return write_tiny_vlm(folder, seed)
     out = Path(folder)
     if out.exists() and (not out.is_dir() or any(out.iterdir())):
         raise FileExistsError(f"{out} exists and is not an empty folder; choose a new folder or remove it")

@@ -13,6 +13,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import torch
 
 from unirl_core.distributed.rank import TorchWorker
@@ -88,6 +89,9 @@ class TrainWorker(TorchWorker):
             [s.sample_id for s in samples],
             [s.example.metadata for s in samples],
         )
+        for name, values in getattr(self._rollout, "reward_terms", {}).items():  # the domain's own terms, weight 1
+            scores[name] = np.asarray(values, dtype=np.float64)
+            scores["total"] = scores["total"] + scores[name]
         wanted = set(want_outputs)
         return {
             "rewards": {k: [float(x) for x in v] for k, v in scores.items()},

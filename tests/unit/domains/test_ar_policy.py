@@ -77,7 +77,7 @@ def test_completions_end_at_the_end_token_or_a_stop_string(folder):
 def test_greedy_generation_takes_the_most_likely_token(folder):
     lm = policy(folder, "train.domain.max_new_tokens=1")
     out = lm.generate(PROMPTS, None)
-    ids, mask = lm.encode(PROMPTS)
+    ids, mask, _ = lm.encode(PROMPTS)
     from unirl_core.domains.ar.policy import positions
 
     logits = lm.trainable(input_ids=ids, attention_mask=mask, position_ids=positions(mask)).logits[:, -1]
@@ -90,3 +90,50 @@ def test_top_p_keeps_the_smallest_set_that_reaches_p():
     assert kept == [True, True, False, False]  # 0.5 + 0.3 reaches 0.8
     assert nucleus(logits, 0.4).isfinite()[0].tolist() == [True, False, False, False]  # the top token always
     assert nucleus(logits, 1.0).isfinite().all()
+
+
+def test_a_vlms_rollout_log_probs_equal_a_direct_forward_with_its_images(tmp_path):
+    """The tiny LLaVA (models/tiny_vlm.py): a prompt with an image beside one without, left-padded; the log-probs
+    recorded when drawn, those at training geometry (a subset of rows: the image inputs follow their rows) and those of
+    a forward over each row alone with its image are equal."""
+    from PIL import Image
+
+    folder = write_tiny_lm(tmp_path / "tiny-llava", "llava")
+    lm = policy(folder, "train.model.lora=null")
+    assert lm.is_vlm and len(lm.blocks()) == 2
+    images = [Image.new("RGB", (32, 32), "red"), None, Image.new("RGB", (32, 32), "blue")]
+    out = lm.generate(PROMPTS, generators(3, 3), images)
+    assert out.has_image == [True, False, True] and out.vision["pixel_values"].shape[0] == 2
+    assert lm.blocked.tolist() == [lm.tokenizer.convert_tokens_to_ids("<image>")]
+    assert not torch.isin(lm.generate(PROMPTS * 8, generators(0, 24), images * 8).ids, lm.blocked).any()
+    torch.testing.assert_close(lm.token_logp(out) * out.mask, out.logp, rtol=0, atol=1e-5)
+    rows = torch.tensor([1, 2])  # the image-less row and the blue one: one image goes with them
+    torch.testing.assert_close(lm.token_logp(out, rows) * out.mask[rows], out.logp[rows], rtol=0, atol=1e-5)
+    for i in range(3):
+        length = int(out.mask[i].sum())
+        ids, _, vision = lm.encode([PROMPTS[i]], [images[i]])
+        full = torch.cat([ids[0], out.ids[i, :length]])[None]
+        logits = lm.trainable(input_ids=full, **vision).logits[0, -length - 1 : -1].float()
+        logits[:, lm.blocked] = float("-inf")  # the image placeholder is never drawn (nor trained)
+        direct = torch.log_softmax(logits, -1).gather(-1, full[0, -length:, None])[:, 0]
+        torch.testing.assert_close(out.logp[i, :length], direct, rtol=0, atol=1e-5)
+    red, blue = lm.generate(PROMPTS[:1] * 2, [torch.Generator().manual_seed(0) for _ in range(2)],
+                            [images[0], images[2]]).logp  # fmt: skip
+    assert not torch.equal(red, blue)  # the image reaches the tokens
+
+
+def test_the_rounds_start_refuses_a_folder_that_is_no_causal_lm_or_a_qwen_vl(tmp_path):
+    import json
+
+    from unirl_core.domains.ar.domain import ARDomain
+
+    def problems(path) -> list[str]:
+        return ARDomain.start_problems(load_recipe("demo_llm", [f"train.model.path={path}"]).train)
+
+    assert problems("tiny:qwen3") == [] and problems("tiny:llava") == []
+    assert "the ar domain's tiny models are tiny:qwen3, tiny:qwen2, tiny:llava" in problems("tiny:sd3")[0]
+    assert "is not a folder" in problems(tmp_path / "missing")[0]
+    (tmp_path / "config.json").write_text(json.dumps({"model_type": "qwen3"}))
+    assert "has no tokenizer.json or tokenizer_config.json" in problems(tmp_path)[0]
+    (tmp_path / "config.json").write_text(json.dumps({"model_type": "qwen2_5_vl"}))
+    assert "is a qwen2_5_vl model, whose 3-D rotary positions" in problems(tmp_path)[0]

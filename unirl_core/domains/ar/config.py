@@ -37,5 +37,16 @@ class ARDomainConfig(DomainConfig):
     system_prompt: str | None = None
     """A system turn before each prompt (`chat_template` only); empty: the template's default."""
 
+    image_size: Annotated[Count, Field(ge=8)] = 448
+    """A VLM's condition images (`media_refs` role `condition`) are center-cropped to this square before its
+    processor (which resizes them to the vision tower's input)."""
+
+    overlong_buffer: Annotated[Count, Field(ge=1)] | None = None
+    """DAPO's overlong reward shaping: the last `overlong_buffer` tokens before `max_new_tokens` cost a reward term
+    `overlong` that falls linearly from 0 to -`overlong_penalty` (DAPO: 4096 of 20480); empty: none."""
+
+    overlong_penalty: Annotated[float, Field(gt=0)] = 1.0
+    """The `overlong` term at `max_new_tokens` tokens (veRL's `penalty_factor`)."""
+
     eval_mode: Literal["greedy", "sample"] = "greedy"
     """Evaluation completions (`unirl eval`, `train.eval`): greedy, or sampled with the evaluation seed."""

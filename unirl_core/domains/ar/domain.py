@@ -12,15 +12,32 @@ from unirl_core.domains.base import Domain, DomainConfig
 
 
 class ARRollout:
-    """A rollout the worker keeps for `stack.train`: the samples, their completions, the texts the rewards score."""
+    """A rollout the worker keeps for `stack.train`: the samples, their completions, the texts the rewards score,
+    and the domain's own reward terms (`reward_terms`: DAPO's overlong shaping), added to the total as they are."""
 
-    def __init__(self, samples: list, completions):
+    def __init__(self, samples: list, completions, settings):
         self.samples, self.completions = samples, completions
         self.outputs = completions.texts
+        self.reward_terms = {}
+        if settings.overlong_buffer:
+            lengths = completions.lengths.tolist()
+            self.reward_terms["overlong"] = overlong_terms(lengths, settings.max_new_tokens, settings.overlong_buffer,
+                                                           settings.overlong_penalty)  # fmt: skip
+
+
+def overlong_terms(lengths: list[int], max_new_tokens: int, buffer: int, penalty: float) -> list[float]:
+    """DAPO's soft overlong punishment: 0 up to max_new_tokens - buffer tokens, then falling linearly to -penalty
+    at max_new_tokens (veRL: min(-(length - expected) / buffer x penalty, 0))."""
+    expected = max_new_tokens - buffer
+    return [min(-(length - expected) / buffer * penalty, 0.0) for length in lengths]
 
 
 class ARDomain(Domain):
     config_class: ClassVar[type[DomainConfig]] = ARDomainConfig
+
+    def __init__(self, config, device):
+        super().__init__(config, device)
+        self._loaded: dict = {}  # condition image uri -> the image (a VLM's prompts)
 
     # --- rank side --------------------------------------------------------------------------------------------
 
@@ -42,7 +59,21 @@ class ARDomain(Domain):
 
         seed = self.config.sampling.seed
         generators = [torch.Generator().manual_seed(sample_seed(seed, f"{step}:{s.sample_id}")) for s in samples]
-        return ARRollout(samples, policy.generate([s.example.prompt for s in samples], generators))
+        completions = policy.generate([s.example.prompt for s in samples], generators, self._images(samples))
+        return ARRollout(samples, completions, self.config.domain)
+
+    def _images(self, samples: list) -> list | None:
+        """Each sample's condition image (`media_refs` role `condition`) or None; None when no sample has one. Each
+        uri is loaded once per process, as a rollout's condition images are (guarded like an ingest download)."""
+        from unirl_core.domains.diffusion.rollout.conditions import condition_uri, load_condition_image
+
+        uris = [condition_uri(s) for s in samples]
+        if not any(uris):
+            return None
+        cache, size = self._loaded, self.config.domain.image_size
+        for uri in set(uris) - set(cache) - {None}:
+            cache[uri] = load_condition_image(uri, size, size)
+        return [cache[uri] if uri else None for uri in uris]
 
     def evaluate(self, policy, stack, prompts: list[str], first_index: int, seed: int, steps: int | None = None,
                  guidance: float | None = None) -> list:  # fmt: skip
@@ -67,6 +98,13 @@ class ARDomain(Domain):
         if "ar" not in algorithm_class(name).domains:
             yield ("algorithm.name", name, "a token algorithm of the autoregressive domain: token_grpo, dapo, dr_grpo "
                    "or gspo")  # fmt: skip
+        settings = config.domain
+        if settings.overlong_buffer is not None and settings.overlong_buffer >= settings.max_new_tokens:
+            yield ("domain.overlong_buffer", settings.overlong_buffer, f"fewer than domain.max_new_tokens "
+                   f"({settings.max_new_tokens}): the tokens before the limit where the penalty grows")  # fmt: skip
+        if settings.overlong_buffer is not None and config.reward.normalize != "total":
+            yield ("reward.normalize", config.reward.normalize, "total with domain.overlong_buffer: the overlong "
+                   "term adds to the total, which per-reward normalization does not read")  # fmt: skip
         if config.algorithm.beta > 0 and config.model.lora is None:
             yield ("algorithm.beta", config.algorithm.beta, "0 with full fine-tuning (model.lora: null), or train "
                    "with LoRA: the reference policy is the model with its adapter disabled")  # fmt: skip
@@ -90,6 +128,15 @@ class ARDomain(Domain):
             return [] if name in TINY_LMS else [f"train.model.path: {path!r}: the ar domain's tiny models are "
                                                 f"{', '.join(f'tiny:{n}' for n in TINY_LMS)}"]  # fmt: skip
         folder = Path(path).expanduser()
+        if (folder / "config.json").is_file():
+            import json
+
+            from unirl_core.domains.ar.policy import MROPE_MODELS
+
+            kind = json.loads((folder / "config.json").read_text()).get("model_type")
+            if kind in MROPE_MODELS:
+                return [f"train.model.path: {path} is a {kind} model, whose 3-D rotary positions the ar domain does "
+                        "not build yet; causal LMs and LLaVA-style VLMs train"]  # fmt: skip
         if not folder.is_dir():
             return [f"train.model.path: {path!r} is not a folder; give the local folder of a transformers causal LM "
                     "(config.json, weights, tokenizer files)"]  # fmt: skip

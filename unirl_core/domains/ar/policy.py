@@ -8,13 +8,14 @@ trained), batched sampling with a KV cache, and per-token log-probs at training 
 Every draw of sample i comes from its own generator (seeded from (seed, step, sample id) by the caller), so a
 sample's completion does not depend on which rank or batch it is generated in. A log-prob is that of
 log_softmax(logits / temperature), with no top-p renormalization (TRL's and veRL's convention): the sampling pass and
-the training forward compute the same quantity, so the first update's ratio is exactly 1 on one rank.
+the training forward compute the same quantity, so the first update's ratio is exactly 1 on one rank. A VLM's image
+and video placeholder tokens are out of the support of both.
 """
 
 from __future__ import annotations
 
 import inspect
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
@@ -30,10 +31,18 @@ class Completions:
     logp: torch.Tensor  # [B, T] float32 log-probs of `ids` when drawn (0 where masked)
     texts: list[str]  # decoded completions, special tokens dropped
     truncated: list[bool]  # reached max_new_tokens without an end
+    vision: dict = field(default_factory=dict)  # a VLM's image inputs (pixel_values, ...), one entry per image
+    has_image: list[bool] = field(default_factory=list)  # row i's prompt carries an image (in row order)
 
     @property
     def lengths(self) -> torch.Tensor:
         return self.mask.sum(-1)
+
+    def vision_of(self, index) -> dict:
+        """The image inputs of rows `index` (in row order), or {} when none of them has an image."""
+        rows = list(range(len(self.ids)))[index] if isinstance(index, slice) else index.tolist()
+        first = [sum(self.has_image[:row]) for row in rows if self.has_image[row]]
+        return {key: value[first] for key, value in self.vision.items()} if first else {}
 
 
 def positions(mask: torch.Tensor) -> torch.Tensor:
@@ -51,23 +60,37 @@ def nucleus(logits: torch.Tensor, top_p: float) -> torch.Tensor:
     return torch.full_like(logits, float("-inf")).scatter(-1, order, sorted_logits)
 
 
+MROPE_MODELS = ("qwen2_vl", "qwen2_5_vl", "qwen3_vl", "qwen3_vl_moe")  # 3-D rotary positions: not yet
+
+
+def is_vlm_folder(path) -> bool:
+    """Whether the model folder at `path` holds a vision-language model (its config.json has a vision config)."""
+    import json
+    from pathlib import Path
+
+    return "vision_config" in json.loads((Path(path) / "config.json").read_text())
+
+
 class LMPolicy:
     """What the worker shards and checkpoints (`trainable`, `blocks()`, `dtype`, `parameters()`), with the
     tokenizer and the generation settings of `train.domain`."""
 
     def __init__(self, config, device):
-        from transformers import AutoModelForCausalLM, AutoTokenizer
+        from transformers import AutoModelForCausalLM, AutoModelForImageTextToText, AutoProcessor, AutoTokenizer
 
         from unirl_core.models.registry import resolve_model_path
 
         self.settings, self.device = config.domain, torch.device(device)
         path = resolve_model_path(config.model.path)
         self.dtype = getattr(torch, config.model.dtype)
-        self.tokenizer = AutoTokenizer.from_pretrained(path)
+        self.is_vlm = is_vlm_folder(path)
+        self.processor = AutoProcessor.from_pretrained(path) if self.is_vlm else None
+        self.tokenizer = self.processor.tokenizer if self.is_vlm else AutoTokenizer.from_pretrained(path)
         self.tokenizer.padding_side = "left"
         if self.tokenizer.pad_token_id is None:
             self.tokenizer.pad_token = self.tokenizer.eos_token
-        model = AutoModelForCausalLM.from_pretrained(path, dtype=self.dtype)
+        loader = AutoModelForImageTextToText if self.is_vlm else AutoModelForCausalLM
+        model = loader.from_pretrained(path, dtype=self.dtype)
         model.config.use_cache = True
         self.has_lora = config.model.lora is not None
         if self.has_lora:
@@ -82,6 +105,11 @@ class LMPolicy:
         ends = model.generation_config.eos_token_id if model.generation_config is not None else None
         ends = ends if isinstance(ends, list) else [ends] if ends is not None else []
         self.end_ids = sorted({*ends, self.tokenizer.eos_token_id} - {None})
+        # a VLM never generates its image/video placeholder tokens (the processor expands them; one drawn in a
+        # completion would ask for image features that do not exist): out of the support, sampled and trained
+        placeholders = [getattr(self.processor, name, None) for name in ("image_token", "video_token")]
+        self.blocked = torch.tensor([self.tokenizer.convert_tokens_to_ids(t) for t in placeholders if t],
+                                    dtype=torch.long, device=self.device)  # fmt: skip
         # transformers >= 5.2x names the KV cache `cache` (`past_key_values` warns, then goes in 5.40)
         forward = inspect.signature(type(self.base_model()).forward).parameters
         self._cache_key = "cache" if "cache" in forward else "past_key_values"
@@ -93,35 +121,52 @@ class LMPolicy:
         return self.trainable.get_base_model() if self.has_lora else self.trainable
 
     def blocks(self) -> list[torch.nn.Module]:
-        """The decoder layers (FSDP2 units)."""
-        return list(self.base_model().model.layers)
+        """The decoder layers (FSDP2 units; a VLM's are its language model's)."""
+        inner = self.base_model().model
+        return list(getattr(inner, "language_model", inner).layers)
 
     def parameters(self) -> list[torch.nn.Parameter]:
         return [p for p in self.trainable.parameters() if p.requires_grad]
 
     # --- prompts and completions ----------------------------------------------------------------------------
 
-    def prompt_text(self, prompt: str) -> str:
-        """What the model reads for `prompt`: its chat-template user turn (with the generation prompt), or itself."""
+    def prompt_text(self, prompt: str, image: bool = False) -> str:
+        """What the model reads for `prompt`: its chat-template user turn (with the generation prompt; a VLM's image
+        part first when it has one), or itself (a VLM's image token first)."""
         if not self.settings.chat_template:
-            return prompt
+            return f"{self.processor.image_token}\n{prompt}" if image else prompt
         turns = [{"role": "system", "content": self.settings.system_prompt}] if self.settings.system_prompt else []
+        if self.is_vlm:
+            turns.append({"role": "user", "content": [{"type": "image"}] * image + [{"type": "text", "text": prompt}]})
+            return self.processor.apply_chat_template(turns, tokenize=False, add_generation_prompt=True)
         turns.append({"role": "user", "content": prompt})
         return self.tokenizer.apply_chat_template(turns, tokenize=False, add_generation_prompt=True)
 
-    def encode(self, prompts: list[str]) -> tuple[torch.Tensor, torch.Tensor]:
-        """Left-padded ids [B, P] and mask of `prompts` (chat template applied per `train.domain.chat_template`)."""
-        batch = self.tokenizer([self.prompt_text(p) for p in prompts], return_tensors="pt", padding=True,
-                               add_special_tokens=False)  # fmt: skip
-        return batch.input_ids.to(self.device), batch.attention_mask.to(self.device)
+    def encode(self, prompts: list[str], images: list | None = None) -> tuple[torch.Tensor, torch.Tensor, dict]:
+        """Left-padded ids [B, P], mask and a VLM's image inputs of `prompts` (`images`: a PIL image or None per
+        prompt; chat template per `train.domain.chat_template`)."""
+        images = images or [None] * len(prompts)
+        texts = [self.prompt_text(p, image is not None) for p, image in zip(prompts, images, strict=True)]
+        given = [image for image in images if image is not None]
+        if given and not self.is_vlm:
+            raise ValueError("prompts with images (media_refs role condition) need a VLM in train.model.path")
+        if self.is_vlm:
+            batch = self.processor(text=texts, images=given or None, padding=True, return_tensors="pt")
+        else:
+            batch = self.tokenizer(texts, return_tensors="pt", padding=True, add_special_tokens=False)
+        vision = {k: v.to(self.device) for k, v in batch.items() if k not in ("input_ids", "attention_mask")}
+        return batch["input_ids"].to(self.device), batch["attention_mask"].to(self.device), vision
 
     @torch.no_grad()
-    def generate(self, prompts: list[str], generators: list[torch.Generator] | None) -> Completions:
-        """Completions of `prompts` drawn with `generators` (one per prompt; None: greedy), with a KV cache."""
+    def generate(self, prompts: list[str], generators: list[torch.Generator] | None,
+                 images: list | None = None) -> Completions:  # fmt: skip
+        """Completions of `prompts` (with `images`: a VLM's, one or None per prompt) drawn with `generators` (one per
+        prompt; None: greedy), with a KV cache."""
         from transformers import DynamicCache
 
         settings = self.settings
-        prompt_ids, prompt_mask = self.encode(prompts)
+        prompt_ids, prompt_mask, vision = self.encode(prompts, images)
+        first_step = vision  # the image inputs enter the first forward only (the cache holds them after)
         rows = prompt_ids.shape[0]
         pad = self.tokenizer.pad_token_id
         ends = torch.tensor(self.end_ids, device=self.device)
@@ -131,9 +176,10 @@ class LMPolicy:
         alive_masks = []
         for _ in range(settings.max_new_tokens):
             out = self.trainable(input_ids=step_ids, attention_mask=mask, position_ids=step_positions,
-                                 use_cache=True, **{self._cache_key: cache})  # fmt: skip
+                                 use_cache=True, **{self._cache_key: cache}, **first_step)  # fmt: skip
+            first_step = {}
             cache = out[self._cache_key]
-            logits = out.logits[:, -1].float() / settings.temperature
+            logits = self._support(out.logits[:, -1].float() / settings.temperature)
             logp_all = torch.log_softmax(logits, -1)
             if generators is None:
                 token = logits.argmax(-1)
@@ -155,7 +201,11 @@ class LMPolicy:
         ids, completion_mask = torch.stack(tokens, 1), torch.stack(alive_masks, 1).long()
         texts = self.tokenizer.batch_decode(ids.masked_fill(completion_mask == 0, pad), skip_special_tokens=True)
         return Completions(prompt_ids, prompt_mask, ids, completion_mask, torch.stack(logps, 1), texts,
-                           live.tolist())  # fmt: skip
+                           live.tolist(), vision, [image is not None for image in images or [None] * rows])  # fmt: skip
+
+    def _support(self, logits: torch.Tensor) -> torch.Tensor:
+        """`logits` with the blocked tokens (a VLM's placeholders) at -inf."""
+        return logits.index_fill(-1, self.blocked, float("-inf")) if len(self.blocked) else logits
 
     def _stopped(self, ids: torch.Tensor) -> torch.Tensor:
         """[B] whether each row's completion so far contains a stop string."""
@@ -172,8 +222,10 @@ class LMPolicy:
         prompt_ids, ids = completions.prompt_ids[index], completions.ids[index]
         mask = torch.cat([completions.prompt_mask[index], completions.mask[index]], 1)
         logits = self.trainable(input_ids=torch.cat([prompt_ids, ids], 1), attention_mask=mask,
-                                position_ids=positions(mask), use_cache=False).logits  # fmt: skip
-        logp_all = torch.log_softmax(logits[:, prompt_ids.shape[1] - 1 : -1].float() / self.settings.temperature, -1)
+                                position_ids=positions(mask), use_cache=False,
+                                **completions.vision_of(index)).logits  # fmt: skip
+        logits = self._support(logits[:, prompt_ids.shape[1] - 1 : -1].float() / self.settings.temperature)
+        logp_all = torch.log_softmax(logits, -1)
         logp = logp_all.gather(-1, ids[..., None])[..., 0]
         if not entropy:
             return logp
