@@ -708,8 +708,10 @@ def eval_(
     from flows.evaluate import evaluate, table_rows
 
     interrupt.keep(lambda: _kept_shards(spec))
-    typer.echo(f"evaluating {', '.join(m.ref for m in spec.models)} on {spec.prompts} ({spec.steps} steps, "
-               f"guidance {spec.guidance:g}, {spec.width}x{spec.height}, seed {spec.seed}); output {spec.output_dir}")  # fmt: skip
+    how = (f"{spec.steps} steps, guidance {spec.guidance:g}, {spec.width}x{spec.height}"
+           if spec.models[0].config.domain.name == "diffusion" else "completions")  # fmt: skip
+    typer.echo(f"evaluating {', '.join(m.ref for m in spec.models)} on {spec.prompts} ({how}, seed {spec.seed}); "
+               f"output {spec.output_dir}")  # fmt: skip
     with console.CommandProgress():
         result = evaluate(spec)
     _print_rows(f"eval: {result.prompts} prompts", table_rows(result))

@@ -64,7 +64,12 @@ def test_each_token_algorithm_trains_and_a_stopped_run_resumes_exactly(algorithm
     assert comparable(first[:2] + resumed) == comparable(rows)
 
 
-def test_unirl_train_demo_llm_local_exports_a_model_transformers_loads(tmp_path):
+def test_unirl_train_demo_llm_local_exports_a_model_transformers_loads_and_unirl_eval_scores_it(
+    prefect_harness, mlflow_uri, tmp_path
+):
+    import json
+
+    import pyarrow.parquet as pq
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     result = CliRunner().invoke(app, ["train", "demo_llm", "--local", "--steps", "2", "--set",
@@ -77,6 +82,18 @@ def test_unirl_train_demo_llm_local_exports_a_model_transformers_loads(tmp_path)
     ids = tokenizer("3+4=", return_tensors="pt").input_ids
     assert model.generate(ids, max_new_tokens=2, do_sample=False).shape[1] >= ids.shape[1] + 1
     assert (tmp_path / "out" / "samples" / "round_000_step_00000001.png").stat().st_size > 0
+
+    records = [{"prompt": f"{a}+{b}=", "metadata": {"answer": str(a + b), "pattern": r"\d+"}} for a, b in
+               [(1, 2), (3, 4), (0, 0), (2, 2), (5, 1)]]  # fmt: skip
+    (tmp_path / "sums.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
+    scored = CliRunner().invoke(app, ["eval", str(tmp_path / "out"), "--prompts", str(tmp_path / "sums.jsonl"),
+                                      "--out", str(tmp_path / "eval")])  # fmt: skip
+    assert scored.exit_code == 0, scored.output
+    assert "(completions, seed 0)" in scored.stdout and "math_verify" in scored.stdout
+    results = pq.read_table(tmp_path / "eval" / "results.parquet").to_pydict()
+    assert len(results["prompt"]) == 5 and {"output", "math_verify", "regex_match"} <= results.keys()
+    greedy = (tmp_path / "eval" / "model" / "images" / "000001.txt").read_text()
+    assert greedy == results["output"][1]  # each completion is kept as text too
 
 
 def test_a_lora_export_is_a_peft_adapter_on_the_base_folder(tmp_path):

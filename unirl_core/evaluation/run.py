@@ -3,7 +3,8 @@ shards that are committed one by one (a re-run scores only the missing ones), th
 
     <output_dir>/spec.json                      what is evaluated (models, prompts and their digest, rewards,
                                                 steps, guidance, size, seed, shards): a folder holds one evaluation
-    <output_dir>/<label>/images/<index>.png     each prompt's image (index: the prompt's place in the file)
+    <output_dir>/<label>/images/<index>.png     each prompt's image (index: the prompt's place in the file); a text
+                                                domain's completion as <index>.txt (and an `output` column)
     <output_dir>/<label>/shards/<shard>.parquet each shard's scores: index, prompt_id, prompt, one column per
                                                 reward (written last: the shard's commit record)
     <output_dir>/results.parquet                every model's scores, one row per (model, prompt)
@@ -199,15 +200,21 @@ def score_shard(spec: EvalSpec, label: str, shard: int) -> dict:
             [e.metadata for e in chosen],
         )  # fmt: skip
         scored = time.perf_counter()
-    for offset, image in enumerate(images):
+    texts = all(isinstance(output, str) for output in images)  # a text domain's completions
+    for offset, output in enumerate(images):
+        path = spec.image_file(label, first + offset)
+        if texts:
+            write_bytes_atomic(str(path.with_suffix(".txt")), output.encode())
+            continue
         buffer = io.BytesIO()
-        image.save(buffer, format="PNG")
-        write_bytes_atomic(str(spec.image_file(label, first + offset)), buffer.getvalue())
+        output.save(buffer, format="PNG")
+        write_bytes_atomic(str(path), buffer.getvalue())
     columns = {
         "index": pa.array(range(first, end), pa.int64()),
         "prompt_id": pa.array([e.prompt_id for e in chosen], pa.string()),
         "prompt": pa.array([e.prompt for e in chosen], pa.string()),
-    } | {name: pa.array(scores[name], pa.float64()) for name in spec.rewards}
+    } | ({"output": pa.array(images, pa.string())} if texts else {})
+    columns |= {name: pa.array(scores[name], pa.float64()) for name in spec.rewards}
     buffer = io.BytesIO()
     pq.write_table(pa.table(columns), buffer)
     write_bytes_atomic(str(target), buffer.getvalue())

@@ -12,6 +12,7 @@ A record without the key a reward reads fails the step naming the sample (a rewa
 
 from __future__ import annotations
 
+import logging
 import re
 import threading
 from collections.abc import Sequence
@@ -33,8 +34,10 @@ def _field(metadata: dict, key: str, reward: str, index: int):
 def math_verify(outputs: Sequence[str], prompts, metadata: Sequence[dict]) -> np.ndarray:
     from math_verify import parse, verify
 
-    # math-verify bounds its parsing with SIGALRM, which only the main thread may set: elsewhere, no bound
+    # math-verify bounds its parsing with SIGALRM, which only the main thread may set: elsewhere, no bound (and
+    # not its warning about that on every call)
     bound = 5 if threading.current_thread() is threading.main_thread() else None
+    logging.getLogger("math_verify").setLevel(logging.ERROR if bound is None else logging.WARNING)
     scores = []
     for i, (output, record) in enumerate(zip(outputs, metadata, strict=True)):
         gold = parse(str(_field(record, "answer", "math_verify", i)), parsing_timeout=bound)

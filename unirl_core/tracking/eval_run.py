@@ -67,6 +67,9 @@ def _best_and_worst(spec, report):
     picked = [("best", i) for i in order[::-1][:GRID_EACH]] + [("worst", i) for i in order[:GRID_EACH]]
     if len(order) < 2 * GRID_EACH:
         picked = [("", i) for i in order[::-1]]
-    images = [Image.open(spec.image_file("model", scores["index"][i])).convert("RGB") for _, i in picked]
+    if "output" in scores:  # a text domain's completions
+        images = [scores["output"][i] for _, i in picked]
+    else:
+        images = [Image.open(spec.image_file("model", scores["index"][i])).convert("RGB") for _, i in picked]
     captions = [f"{kind} {reward} {scores[reward][i]:.4f}: {scores['prompt'][i]}".strip() for kind, i in picked]
     return domain_class(spec.models[0].config.domain.name).grid(images, captions, cols=1)
