@@ -181,13 +181,7 @@ class LMPolicy:
             cache = out[self._cache_key]
             logits = self._support(out.logits[:, -1].float() / settings.temperature)
             logp_all = torch.log_softmax(logits, -1)
-            if generators is None:
-                token = logits.argmax(-1)
-            else:
-                probs = nucleus(logits, settings.top_p).softmax(-1).cpu()
-                token = torch.cat([torch.multinomial(p, 1, generator=g) for p, g in
-                                   zip(probs, generators, strict=True)]).to(self.device)  # fmt: skip
-            token = torch.where(live, token, torch.full_like(token, pad))
+            token = torch.where(live, self._draw(logits, generators), torch.full_like(live, pad, dtype=torch.long))
             tokens.append(token)
             logps.append(torch.where(live, logp_all.gather(-1, token[:, None])[:, 0], 0.0))
             alive_masks.append(live.clone())
@@ -202,6 +196,15 @@ class LMPolicy:
         texts = self.tokenizer.batch_decode(ids.masked_fill(completion_mask == 0, pad), skip_special_tokens=True)
         return Completions(prompt_ids, prompt_mask, ids, completion_mask, torch.stack(logps, 1), texts,
                            live.tolist(), vision, [image is not None for image in images or [None] * rows])  # fmt: skip
+
+    def _draw(self, logits: torch.Tensor, generators: list[torch.Generator] | None) -> torch.Tensor:
+        """Each row's next token: the most likely without `generators`, else drawn from its top-p nucleus with the
+        row's own generator."""
+        if generators is None:
+            return logits.argmax(-1)
+        probs = nucleus(logits, self.settings.top_p).softmax(-1).cpu()
+        return torch.cat([torch.multinomial(p, 1, generator=g) for p, g in
+                          zip(probs, generators, strict=True)]).to(self.device)  # fmt: skip
 
     def _support(self, logits: torch.Tensor) -> torch.Tensor:
         """`logits` with the blocked tokens (a VLM's placeholders) at -inf."""
