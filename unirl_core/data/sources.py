@@ -151,47 +151,49 @@ SMOKE_PROMPTS = (
 )
 
 
-class SmokePromptSource(PromptListSource):
-    """A few built-in prompts, for smoke checks: `data_path` is ignored (with a warning)."""
+class BuiltInPromptSource(PromptListSource):
+    """Prompts built into unirl (`examples()`): `data_path` is ignored (with a warning)."""
+
+    def __init__(
+        self,
+        data_path: str | None = None,
+        prompts_per_rollout: int = 4,
+        *,
+        shuffle: bool = True,
+        seed: int = 0,
+        prompt_key: str = "prompt",
+    ):
+        if data_path:
+            logger.warning("the %s prompt source ignores train.data.data_path=%s", self.kind, data_path)
+        super().__init__(self.examples(), prompts_per_rollout, shuffle=shuffle, seed=seed,
+                         origin=f"the {self.kind} source")  # fmt: skip
+
+    @staticmethod
+    def examples() -> list[PromptExample]:
+        raise NotImplementedError
+
+
+class SmokePromptSource(BuiltInPromptSource):
+    """A few built-in prompts, for smoke checks."""
 
     kind = "smoke"
 
-    def __init__(
-        self,
-        data_path: str | None = None,
-        prompts_per_rollout: int = 4,
-        *,
-        shuffle: bool = True,
-        seed: int = 0,
-        prompt_key: str = "prompt",
-    ):
-        if data_path:
-            logger.warning("the smoke prompt source ignores train.data.data_path=%s", data_path)
-        prompts = [PromptExample(prompt=p, prompt_id=f"smoke:{i}") for i, p in enumerate(SMOKE_PROMPTS)]
-        super().__init__(prompts, prompts_per_rollout, shuffle=shuffle, seed=seed, origin="the smoke source")
+    @staticmethod
+    def examples() -> list[PromptExample]:
+        return [PromptExample(prompt=p, prompt_id=f"smoke:{i}") for i, p in enumerate(SMOKE_PROMPTS)]
 
 
-class ArithmeticPromptSource(PromptListSource):
+class ArithmeticPromptSource(BuiltInPromptSource):
     """Sums of two digits whose answer is one digit ("3+4=", 55 prompts), each with its verifiable answer in
-    `metadata` (`answer`, and `pattern` of a bare number): the autoregressive demo's task. `data_path` is ignored."""
+    `metadata` (`answer`, and `pattern` of a bare number): the autoregressive demo's task."""
 
     kind = "arithmetic"
 
-    def __init__(
-        self,
-        data_path: str | None = None,
-        prompts_per_rollout: int = 4,
-        *,
-        shuffle: bool = True,
-        seed: int = 0,
-        prompt_key: str = "prompt",
-    ):
-        if data_path:
-            logger.warning("the arithmetic prompt source ignores train.data.data_path=%s", data_path)
+    @staticmethod
+    def examples() -> list[PromptExample]:
         pairs = [(a, b) for a in range(10) for b in range(10) if a + b <= 9]
-        prompts = [PromptExample(prompt=f"{a}+{b}=", prompt_id=f"arithmetic:{a}+{b}",
-                                 metadata={"answer": str(a + b), "pattern": r"\d+"}) for a, b in pairs]  # fmt: skip
-        super().__init__(prompts, prompts_per_rollout, shuffle=shuffle, seed=seed, origin="the arithmetic source")
+        return [PromptExample(prompt=f"{a}+{b}=", prompt_id=f"arithmetic:{a}+{b}",
+                              metadata={"answer": str(a + b), "pattern": r"\d+"}) for a, b in pairs]  # fmt: skip
 
 
 SOURCES: dict[str, type] = {"file": FilePromptSource, "smoke": SmokePromptSource, "arithmetic": ArithmeticPromptSource}

@@ -38,3 +38,16 @@ def adamw(parameters: list[torch.nn.Parameter], lr: float) -> torch.optim.AdamW:
     if low:
         raise ValueError(f"trained parameters in {low}: the optimizer needs float32 master weights (fsdp.parallelize)")
     return torch.optim.AdamW(parameters, lr=lr, weight_decay=0.0)
+
+
+def optimizer_step(optimizer, scheduler, parameters, max_norm: float, metrics: dict[str, list[float]], step: int):
+    """Clip the accumulated gradients, refuse a non-finite norm, step the optimizer and the LR schedule; `metrics`
+    gets the step's `lr` and `grad_norm`."""
+    grad_norm = clip_gradients(parameters, max_norm)
+    if not torch.isfinite(grad_norm):
+        optimizer.zero_grad(set_to_none=True)
+        raise NonFiniteError(f"step {step}: non-finite gradient norm; optimizer step skipped")
+    metrics.setdefault("lr", []).append(optimizer.param_groups[0]["lr"])
+    optimizer.step()
+    scheduler.step()
+    metrics.setdefault("grad_norm", []).append(grad_norm.item())

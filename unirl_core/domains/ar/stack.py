@@ -17,7 +17,7 @@ import torch
 from unirl_core.algorithms.registry import algorithm_class, build_algorithm
 from unirl_core.algorithms.token_base import masked_mean
 from unirl_core.worker.fsdp import gathered
-from unirl_core.worker.optim import NonFiniteError, adamw, clip_gradients, lr_factor
+from unirl_core.worker.optim import NonFiniteError, adamw, lr_factor, optimizer_step
 
 
 class TokenStack:
@@ -100,11 +100,5 @@ class TokenStack:
                 loss.backward()
                 for key, value in {**info, "loss": loss.detach(), "entropy": masked_mean(entropy, mask[micro])}.items():
                     metrics.setdefault(key, []).append(float(value))
-        grad_norm = clip_gradients(self.policy.parameters(), self.config.max_grad_norm)
-        if not torch.isfinite(grad_norm):
-            self.optimizer.zero_grad(set_to_none=True)
-            raise NonFiniteError(f"step {step}: non-finite gradient norm; optimizer step skipped")
-        metrics.setdefault("lr", []).append(self.optimizer.param_groups[0]["lr"])
-        self.optimizer.step()
-        self.scheduler.step()
-        metrics.setdefault("grad_norm", []).append(grad_norm.item())
+        optimizer_step(self.optimizer, self.scheduler, self.policy.parameters(), self.config.max_grad_norm, metrics,
+                       step)  # fmt: skip

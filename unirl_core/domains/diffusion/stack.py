@@ -12,7 +12,7 @@ import torch
 
 from unirl_core.algorithms.registry import algorithm_class, build_algorithm
 from unirl_core.worker.fsdp import gathered
-from unirl_core.worker.optim import NonFiniteError, adamw, clip_gradients, lr_factor
+from unirl_core.worker.optim import NonFiniteError, adamw, clip_gradients, lr_factor, optimizer_step
 
 __all__ = ["NonFiniteError", "TrainStack", "WarmupStack", "build_stack"]
 
@@ -150,14 +150,8 @@ class TrainStack:
 
     def _optimizer_step(self, metrics: dict[str, list[float]], step: int) -> None:
         """Clip the accumulated gradients, refuse a non-finite norm, step the optimizer and the LR schedule."""
-        grad_norm = clip_gradients(self.family.parameters(), self.config.max_grad_norm)
-        if not torch.isfinite(grad_norm):
-            self.optimizer.zero_grad(set_to_none=True)
-            raise NonFiniteError(f"step {step}: non-finite gradient norm; optimizer step skipped")
-        metrics.setdefault("lr", []).append(self.optimizer.param_groups[0]["lr"])
-        self.optimizer.step()
-        self.scheduler.step()
-        metrics.setdefault("grad_norm", []).append(grad_norm.item())
+        optimizer_step(self.optimizer, self.scheduler, self.family.parameters(), self.config.max_grad_norm, metrics,
+                       step)  # fmt: skip
 
     @staticmethod
     def _check_finite(loss, step, rollout, micro):
