@@ -119,7 +119,7 @@ def policy(folder) -> LMPolicy:
 @pytest.fixture(scope="module")
 def batch(policy) -> Batch:
     generator = torch.Generator().manual_seed(0)
-    prompt_ids, prompt_mask = policy.encode(PROMPTS)
+    prompt_ids, prompt_mask, _ = policy.encode(PROMPTS)
     assert len(set(prompt_mask.sum(-1).tolist())) == len(PROMPTS)  # every prompt left-padded differently
     mask = (torch.arange(WIDTH)[None] < torch.tensor(LENGTHS)[:, None]).long()
     ids = torch.randint(0, 94, (len(PROMPTS), WIDTH), generator=generator)  # printable bytes

@@ -40,6 +40,8 @@ class Completions:
 
     def vision_of(self, index) -> dict:
         """The image inputs of rows `index` (in row order), or {} when none of them has an image."""
+        if not self.vision:
+            return {}
         rows = list(range(len(self.ids)))[index] if isinstance(index, slice) else index.tolist()
         first = [sum(self.has_image[:row]) for row in rows if self.has_image[row]]
         return {key: value[first] for key, value in self.vision.items()} if first else {}
