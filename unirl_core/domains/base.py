@@ -16,7 +16,8 @@ the worker group, EMA and checkpoints of the trained module.
                                               training: `unirl eval`; steps, guidance: `train.eval`'s)
         warmup_stack / warmup_step / warmup_eval: the supervised warm-up (domains with "warmup" in `stages`)
     controller side: class methods, no model built
-        config_problems(config)            -> what this domain cannot train in the recipe (on loading it)
+        config_problems(config)            -> what this domain cannot train in the recipe (on loading it); with
+                                              `outputs` ("image", "text") set, rewards of the other kind too
         start_problems(config)             -> ... that the model's classes show (when training starts)
         title(config)                      -> what trains, in a few words
         grid(outputs, captions, cols)      -> a PIL image of outputs, a row per caption (sample and eval grids)
@@ -51,6 +52,7 @@ class Domain:
 
     config_class: ClassVar[type[DomainConfig]] = DomainConfig
     stages: ClassVar[frozenset[str]] = frozenset({"rl"})  # the round strategies it can train
+    outputs: ClassVar[str | None] = None  # what rewards score: "image", "text" (a reward of the other is refused)
 
     def __init__(self, config, device):
         self.config, self.device = config, device
@@ -86,6 +88,24 @@ class Domain:
         """(path under `train.`, value, what is allowed) of what this domain cannot train."""
         if config.warmup.steps and "warmup" not in cls.stages:
             yield "warmup.steps", config.warmup.steps, f"0: the {config.domain.name} domain has no supervised warm-up"
+        yield from cls._reward_problems(config)
+
+    @classmethod
+    def _reward_problems(cls, config) -> Iterator[tuple[str, Any, str]]:
+        """Rewards (trained, guards, `train.eval`'s) that score the other kind of output than this domain's."""
+        from unirl_core.rewards.names import modality
+
+        if cls.outputs is None:
+            return
+        used = [("weights", config.reward.weights), ("guards", config.reward.guards)]
+        used += [("eval.rewards", config.eval.rewards)] if config.eval is not None else []
+        for key, names in used:
+            for reward in names:
+                if modality(reward) not in ("any", cls.outputs):
+                    yield (f"reward.{key}.{reward}" if key != "eval.rewards" else f"eval.rewards.{reward}", reward,
+                           f"a reward of {cls.outputs}s, a remote scorer or a 'package.module:function': the "
+                           f"{config.domain.name} domain's outputs are {cls.outputs}s, and {reward} scores "
+                           f"{modality(reward)}s")  # fmt: skip
 
     @classmethod
     def warmup_data(cls, config, precache):

@@ -44,10 +44,22 @@ def test_a_record_without_the_key_fails_naming_the_sample():
 
 
 def test_a_domain_refuses_rewards_of_the_other_modality_naming_both():
-    with pytest.raises(RecipeError, match=r"train.reward.weights.jpeg_compressibility.*text reward.*outputs are text"):
+    with pytest.raises(
+        RecipeError,
+        match=r"train.reward.weights.jpeg_compressibility.*outputs are texts, and "
+        r"jpeg_compressibility scores images",
+    ):
         load_recipe("demo_llm", ["train.reward.weights={jpeg_compressibility: 1.0}"])
-    with pytest.raises(RecipeError, match=r"train.reward.guards.exact_match.*image reward.*scores text"):
+    with pytest.raises(
+        RecipeError,
+        match=r"train.reward.guards.exact_match.*outputs are images, and exact_match "
+        r"scores texts",
+    ):
         load_recipe("demo", ["train.reward.guards=[exact_match]"])
+    with pytest.raises(RecipeError, match=r"train.eval.rewards.edge_density.*outputs are texts"):
+        load_recipe(
+            "demo_llm", ["train.eval={every: 4, sets: [{prompts: aesthetic, count: 4}], rewards: [edge_density]}"]
+        )
     with pytest.raises(RecipeError, match=r"train.algorithm.name.*token algorithm"):
         load_recipe("demo_llm", ["train.algorithm={name: grpo}"])
     with pytest.raises(RecipeError, match=r"train.algorithm.eta: got 0.3; left out: a denoising setting"):

@@ -34,6 +34,7 @@ def overlong_terms(lengths: list[int], max_new_tokens: int, buffer: int, penalty
 
 class ARDomain(Domain):
     config_class: ClassVar[type[DomainConfig]] = ARDomainConfig
+    outputs: ClassVar[str | None] = "text"
 
     def __init__(self, config, device):
         super().__init__(config, device)
@@ -91,7 +92,6 @@ class ARDomain(Domain):
     @classmethod
     def config_problems(cls, config):
         from unirl_core.algorithms.registry import algorithm_class
-        from unirl_core.rewards.names import modality
 
         yield from super().config_problems(config)
         name = config.algorithm.name
@@ -108,12 +108,6 @@ class ARDomain(Domain):
         if config.algorithm.beta > 0 and config.model.lora is None:
             yield ("algorithm.beta", config.algorithm.beta, "0 with full fine-tuning (model.lora: null), or train "
                    "with LoRA: the reference policy is the model with its adapter disabled")  # fmt: skip
-        for key, names in (("weights", config.reward.weights), ("guards", config.reward.guards)):
-            for reward in names:
-                if modality(reward) == "image":
-                    yield (f"reward.{key}.{reward}", reward, "a text reward (math_verify, exact_match, regex_match, "
-                           "think_answer), a remote scorer or a 'package.module:function': the ar domain's outputs "
-                           "are text, not images")  # fmt: skip
 
     @classmethod
     def start_problems(cls, config) -> list[str]:

@@ -15,6 +15,7 @@ from unirl_core.domains.base import Domain
 
 class DiffusionDomain(Domain):
     stages: ClassVar[frozenset[str]] = frozenset({"rl", "warmup"})
+    outputs: ClassVar[str | None] = "image"
 
     # --- rank side --------------------------------------------------------------------------------------------
 
@@ -90,17 +91,11 @@ class DiffusionDomain(Domain):
     @classmethod
     def config_problems(cls, config):
         from unirl_core.algorithms.registry import algorithm_class
-        from unirl_core.rewards.names import modality
 
         yield from super().config_problems(config)
         name = config.algorithm.name
         if "diffusion" not in algorithm_class(name).domains:
             yield "algorithm.name", name, "an algorithm for the diffusion domain (its `domains` list 'diffusion')"
-        for key, names in (("weights", config.reward.weights), ("guards", config.reward.guards)):
-            for reward in names:
-                if modality(reward) == "text":
-                    yield (f"reward.{key}.{reward}", reward, "an image reward: the diffusion domain's outputs are "
-                           "images, and this one scores text (the ar domain's)")  # fmt: skip
         if config.eval is not None and _edits(config.model.family):
             fix = ("null with an edit family: it edits a condition image per prompt and train.eval's prompt sets carry "
                    "none (evaluate an edit model with `unirl eval` on a prompt file with images)")  # fmt: skip
