@@ -79,6 +79,28 @@ def test_scores_do_not_depend_on_batching_or_padding(vlm_folder, images, tmp_pat
     assert not np.allclose(VlmJudgeScore(other, batch_size=3)(images, PROMPTS), left_padded, atol=1e-3)
 
 
+def test_a_qwen_vl_judge_loads_here_and_scores_as_its_own_forward_does(images, tmp_path):
+    """The tiny Qwen2.5-VL (models/tiny_qwen_vl.py: 3-D rotary positions) as the judge, loaded on this machine
+    without torchvision (models/processors.py): its P(yes) batched and left-padded equals the model's own forward on
+    each image alone (its positions from the processor's token types)."""
+    from unirl_core.models.processors import load_processor
+    from unirl_core.models.tiny_lm import write_tiny_lm
+
+    folder = write_tiny_lm(tmp_path / "qwen-vl", "qwen2_5_vl")
+    batched = VlmJudgeScore(folder, batch_size=3)(images, PROMPTS)
+    judge, processor = load_judge(folder), load_processor(folder)
+    ids = processor.tokenizer.convert_tokens_to_ids(["yes", "Yes", "no", "No"])
+    for image, prompt, score in zip(images, PROMPTS, batched, strict=True):
+        question = DEFAULT_QUESTIONS["yes_no"].replace("{prompt}", prompt)
+        text = processor.apply_chat_template([{"role": "user", "content": [{"type": "image"},
+                                                {"type": "text", "text": question}]}], add_generation_prompt=True)  # fmt: skip
+        inputs = processor(text=[text], images=[image], return_tensors="pt")
+        assert "mm_token_type_ids" in inputs and inputs["image_grid_thw"].shape == (1, 3)
+        with torch.no_grad():
+            probs = torch.softmax(judge.model(**inputs).logits[0, -1, ids], dim=-1)
+        assert score == pytest.approx(float(probs[:2].sum()), abs=1e-5)
+
+
 def test_prompts_are_text_even_with_control_tokens(vlm_folder, images):
     """A prompt that spells the image placeholder or the end-of-turn token is scored as text, not as structure."""
     judge = VlmJudgeScore(vlm_folder)

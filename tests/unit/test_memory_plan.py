@@ -138,6 +138,20 @@ def test_a_causal_lm_recipe_plans_from_its_config_with_the_documented_terms():
     assert checkpointed.training_total < plan.training_total / 2
 
 
+def test_a_vlm_recipe_plans_its_vision_tower_and_image_tokens():
+    """`unirl plan qwen2_5_vl_7b_grpo --variant qwen2.5-vl-7b`: Qwen2.5-VL-7B's 8.29 B parameters (the 7.6 B language
+    model and its 0.67 B vision tower); LoRA r64 on the 4 attention projections of 28 layers; a 448 px image is
+    (448 / (14 x 2))^2 = 256 tokens of each sample's prompt."""
+    from unirl_core.domains.ar.plan import PROMPT_TOKENS, lm_memory_plan
+
+    config = load_recipe("qwen2_5_vl_7b_grpo", ["train.model.path=unused", "train.data.data_path=unused"]).train
+    plan = lm_memory_plan(config, "qwen2.5-vl-7b")
+    assert plan.family == "vlm" and plan.parameters["model"] / 1e9 == pytest.approx(8.29, rel=0.005)
+    assert plan.trainable == 28 * 64 * (2 * 3584 + 2 * (3584 + 512) + 2 * 3584)
+    assert plan.tokens == PROMPT_TOKENS + 256 + 1024
+    assert plan.rollout["KV cache"] * 1024**3 == pytest.approx(16 * plan.tokens * 28 * 2 * 4 * 128 * 2)
+
+
 def test_unirl_plan_of_a_causal_lm_recipe_needs_no_data_or_weights():
     from typer.testing import CliRunner
 
@@ -148,4 +162,7 @@ def test_unirl_plan_of_a_causal_lm_recipe_needs_no_data_or_weights():
     assert "model: causal_lm from qwen3-8b" in result.stdout and "largest term: training: activations" in result.stdout
     assert "not set, and not needed for the plan: DATA_PATH, MODEL_PATH" in result.stdout
     refused = CliRunner().invoke(app, ["plan", "qwen3_8b_grpo", "--variant", "sd3.5-medium"])
-    assert refused.exit_code == 2 and "is not a causal LM; variants: qwen3-8b, qwen3-4b" in refused.output
+    assert (
+        refused.exit_code == 2
+        and "is not a causal LM or VLM; variants: qwen3-8b, qwen3-4b, qwen2.5-vl-7b" in refused.output
+    )

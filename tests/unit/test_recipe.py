@@ -111,7 +111,7 @@ def test_cross_field_checks_point_at_the_field():
     with pytest.raises(RecipeError) as info:
         recipe_from_tree({"train": {"data": {"source": "bogus"}}})
     assert (
-        "a registered source (file, smoke, arithmetic) or an importable dotted class path"
+        "a registered source (file, smoke, arithmetic, counting) or an importable dotted class path"
         in issues_of(info.value)["train.data.source"]
     )
 

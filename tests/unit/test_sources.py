@@ -170,3 +170,26 @@ def test_a_prompt_file_is_parsed_once_per_process_until_it_changes(tmp_path, mon
     os.utime(path, ns=(1, 1))
     assert [p.prompt for p in FilePromptSource(str(path), prompts_per_rollout=2, shuffle=False).prompts][0] == "other 0"
     assert len(parsed) == 2
+
+
+def test_the_counting_source_draws_pictures_with_as_many_dots_as_its_answer_once(tmp_path, monkeypatch):
+    """The VLM demo's prompts: each picture (a condition image in the workspace) shows as many separate dots as its
+    metadata answer says; a second source reuses the files (mtimes kept)."""
+    import numpy as np
+    from PIL import Image
+    from scipy import ndimage
+
+    from unirl_core.data.sources import CountingPromptSource
+
+    monkeypatch.setenv("UNIRL_HOME", str(tmp_path))
+    examples = CountingPromptSource.examples()
+    assert len(examples) == 16 and {e.metadata["answer"] for e in examples} == {"1", "2", "3", "4"}
+    for example in examples:
+        (ref,) = example.media_refs
+        assert (ref.modality, ref.role) == ("image", "condition")
+        dark = np.asarray(Image.open(ref.uri).convert("L")) < 128
+        assert ndimage.label(dark)[1] == int(example.metadata["answer"]), ref.uri
+    assert len({np.asarray(Image.open(e.media_refs[0].uri)).tobytes() for e in examples}) == 16  # 16 layouts
+    mtimes = [tmp_path.joinpath(e.media_refs[0].uri).stat().st_mtime_ns for e in examples]
+    CountingPromptSource.examples()
+    assert [tmp_path.joinpath(e.media_refs[0].uri).stat().st_mtime_ns for e in examples] == mtimes

@@ -8,6 +8,7 @@ A source yields batches of `prompts_per_rollout` distinct prompts forever (epoch
 | `file`  | FilePromptSource  | real runs: reads `data_path`, shuffles each epoch, drops the last partial batch |
 | `smoke` | SmokePromptSource | smoke checks: ignores `data_path`, the same batching over 8 built-in prompts |
 | `arithmetic` | ArithmeticPromptSource | the autoregressive demo: 55 one-digit sums with their answers in `metadata` |
+| `counting` | CountingPromptSource | the VLM demo: 16 pictures of 1-4 dots, "How many dots?", the count in `metadata` |
 
 A dotted class path (`mypkg.sources.MySource`) selects any class with the same constructor and methods.
 """
@@ -196,7 +197,50 @@ class ArithmeticPromptSource(BuiltInPromptSource):
                               metadata={"answer": str(a + b), "pattern": r"\d+"}) for a, b in pairs]  # fmt: skip
 
 
-SOURCES: dict[str, type] = {"file": FilePromptSource, "smoke": SmokePromptSource, "arithmetic": ArithmeticPromptSource}
+class CountingPromptSource(BuiltInPromptSource):
+    """Pictures of 1 to 4 black dots on white, 4 layouts per count (16 prompts "How many dots?"), each picture a
+    condition image (`media_refs`) and its count the verifiable answer in `metadata`: the VLM demo's task. The
+    pictures are drawn once into the workspace (`$UNIRL_HOME/data/builtin/counting`), each written atomically."""
+
+    kind = "counting"
+
+    @staticmethod
+    def examples() -> list[PromptExample]:
+        from unirl_core.data.prompts import MediaRef
+        from unirl_core.workspace import workspace
+
+        folder = workspace().data / "builtin" / "counting"
+        examples = []
+        for count in range(1, 5):
+            for layout in range(4):
+                path = folder / f"{count}-{layout}.png"
+                if not path.is_file():
+                    storage.write_bytes_atomic(str(path), dots_png(count, layout))
+                examples.append(PromptExample(prompt="How many dots?", prompt_id=f"counting:{count}-{layout}",
+                                              metadata={"answer": str(count), "pattern": r"\d+"},
+                                              media_refs=(MediaRef("image", "condition", str(path)),)))  # fmt: skip
+        return examples
+
+
+def dots_png(count: int, layout: int, size: int = 56) -> bytes:
+    """A PNG of `count` black 8 px dots on white, at cells of a 4 x 4 grid chosen by (count, layout)."""
+    import io
+
+    from PIL import Image, ImageDraw
+
+    image = Image.new("RGB", (size, size), "white")
+    draw, cell = ImageDraw.Draw(image), size // 4
+    cells = np.random.default_rng(count * 10 + layout).choice(16, size=count, replace=False)
+    for c in cells.tolist():
+        x, y = (c % 4) * cell + cell // 2, (c // 4) * cell + cell // 2
+        draw.ellipse((x - 4, y - 4, x + 4, y + 4), fill="black")
+    out = io.BytesIO()
+    image.save(out, format="PNG")
+    return out.getvalue()
+
+
+SOURCES: dict[str, type] = {"file": FilePromptSource, "smoke": SmokePromptSource, "arithmetic": ArithmeticPromptSource,
+                            "counting": CountingPromptSource}  # fmt: skip
 
 
 def source_class(key: str) -> type:

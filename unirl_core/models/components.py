@@ -112,6 +112,20 @@ QWEN3_8B = (
         "tie_word_embeddings": False,
     },
 )
+QWEN2_5_VL_7B = (
+    "transformers",
+    "Qwen2_5_VLForConditionalGeneration",
+    "Qwen2_5_VLConfig",
+    {  # Qwen/Qwen2.5-VL-7B-Instruct's config.json
+        "vision_config": {"depth": 32, "hidden_size": 1280, "intermediate_size": 3420, "num_heads": 16,
+                          "out_hidden_size": 3584, "patch_size": 14, "spatial_merge_size": 2, "temporal_patch_size": 2,
+                          "window_size": 112, "fullatt_block_indexes": [7, 15, 23, 31], "tokens_per_second": 2},
+        "text_config": {"vocab_size": 152064, "hidden_size": 3584, "intermediate_size": 18944, "num_hidden_layers": 28,
+                        "num_attention_heads": 28, "num_key_value_heads": 4, "max_position_embeddings": 128000,
+                        "rope_parameters": {"rope_type": "default", "rope_theta": 1e6, "mrope_section": [16, 24, 24]}},
+        "tie_word_embeddings": False,
+    },
+)  # fmt: skip
 VAE_16 = (
     "diffusers",
     "AutoencoderKL",

@@ -1,5 +1,5 @@
 """Tiny causal LMs, random weights, for the autoregressive domain's tests and CPU demo: `tiny:qwen3` and
-`tiny:qwen2` (and the tiny VLM, `tiny:llava`) in `train.model.path` build one in the workspace once (as
+`tiny:qwen2` (and the tiny VLMs, `tiny:llava` and `tiny:qwen2_5_vl`) in `train.model.path` build one in the workspace once (as
 `tiny:<family>` does for diffusion).
 
 | part      | size                                                                                          |
@@ -17,7 +17,8 @@ from pathlib import Path
 
 import torch
 
-TINY_LMS = ("qwen3", "qwen2", "llava")  # llava: the tiny VLM (models/tiny_vlm.py: LLaVA with a Qwen2 decoder)
+# the VLMs: llava (models/tiny_vlm.py: LLaVA with a Qwen2 decoder), qwen2_5_vl (models/tiny_qwen_vl.py: M-RoPE)
+TINY_LMS = ("qwen3", "qwen2", "llava", "qwen2_5_vl")
 
 
 def build_tiny_lm(arch: str = "qwen3", seed: int = 0):
@@ -26,8 +27,8 @@ def build_tiny_lm(arch: str = "qwen3", seed: int = 0):
 
     from unirl_core.models.tiny_vlm import tiny_qwen_tokenizer
 
-    if arch not in TINY_LMS:
-        raise ValueError(f"tiny LM {arch!r} is unknown: choose one of {', '.join(TINY_LMS)}")
+    if arch not in TINY_LMS[:2]:
+        raise ValueError(f"tiny LM {arch!r} is unknown: choose one of {', '.join(TINY_LMS[:2])}")
     tokenizer = tiny_qwen_tokenizer()
     pad_id, eos_id = (tokenizer.convert_tokens_to_ids(t) for t in ("<|endoftext|>", "<|im_end|>"))
     classes = {"qwen3": (Qwen3Config, Qwen3ForCausalLM), "qwen2": (Qwen2Config, Qwen2ForCausalLM)}
@@ -46,11 +47,15 @@ def build_tiny_lm(arch: str = "qwen3", seed: int = 0):
 
 def write_tiny_lm(folder: str | Path, arch: str = "qwen3", seed: int = 0) -> Path:
     """Write the tiny `arch` (about 150 KB) where `AutoModelForCausalLM`/`AutoTokenizer.from_pretrained` load it
-    (`llava`: the tiny VLM, which `AutoModelForImageTextToText`/`AutoProcessor` load)."""
+    (the VLMs `llava` and `qwen2_5_vl`: which `AutoModelForImageTextToText` and their processors load)."""
     if arch == "llava":
         from unirl_core.models.tiny_vlm import write_tiny_vlm
 
         return write_tiny_vlm(folder, seed)
+    if arch == "qwen2_5_vl":
+        from unirl_core.models.tiny_qwen_vl import write_tiny_qwen_vl
+
+        return write_tiny_qwen_vl(folder, seed)
     out = Path(folder)
     if out.exists() and (not out.is_dir() or any(out.iterdir())):
         raise FileExistsError(f"{out} exists and is not an empty folder; choose a new folder or remove it")

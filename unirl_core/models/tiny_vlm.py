@@ -45,8 +45,9 @@ CHAT_TEMPLATE = (
 )
 
 
-def tiny_qwen_tokenizer():
-    """A Qwen2Tokenizer on the 256 byte symbols plus merges that make each of TINY_VLM_WORDS one token."""
+def tiny_qwen_tokenizer(extra_special: tuple[str, ...] = ()):
+    """A Qwen2Tokenizer on the 256 byte symbols plus merges that make each of TINY_VLM_WORDS one token; special
+    tokens SPECIAL_TOKENS and `extra_special` (e.g. Qwen-VL's vision tokens), in that order."""
     from transformers import Qwen2Tokenizer
     from transformers.convert_slow_tokenizer import bytes_to_unicode
 
@@ -58,7 +59,8 @@ def tiny_qwen_tokenizer():
             if pair not in merges:
                 merges.append(pair)
                 vocab[word[:end]] = len(vocab)
-    for token in SPECIAL_TOKENS:
+    specials = (*SPECIAL_TOKENS, *extra_special)
+    for token in specials:
         vocab[token] = len(vocab)
     tokenizer = Qwen2Tokenizer(
         vocab=vocab,
@@ -66,7 +68,7 @@ def tiny_qwen_tokenizer():
         unk_token=None,
         eos_token="<|im_end|>",
         pad_token="<|endoftext|>",
-        extra_special_tokens=list(SPECIAL_TOKENS[1:]),
+        extra_special_tokens=list(specials[1:]),
     )
     tokenizer.chat_template = CHAT_TEMPLATE
     return tokenizer

@@ -25,7 +25,8 @@ Prompts are put in the chat as text: control tokens they spell ("<image>", "<|im
 (`sanitize_control_tokens`). The model is loaded with `from_pretrained(folder)` (offline: a folder, never a hub
 name), in eval mode, without gradients, in `dtype` (float32, or bfloat16 on GPUs), and cached per (resolved
 folder, device, dtype). Batches are left-padded, so the last position is every row's generation prompt; only its
-logits are computed. Qwen-VL processors need torchvision (their video processor), LLaVA's only PIL.
+logits are computed. A Qwen-VL folder loads on a machine without torchvision too (`models/processors.py`: its
+processor without the video part).
 """
 
 from __future__ import annotations
@@ -110,9 +111,11 @@ def load_judge(path: str | Path, device: str | torch.device = "cpu", dtype: str 
 
 @functools.cache
 def _load_judge(folder: str, device: str, dtype: str) -> LoadedJudge:
-    from transformers import AutoModelForImageTextToText, AutoProcessor
+    from transformers import AutoModelForImageTextToText
 
-    processor = AutoProcessor.from_pretrained(folder, local_files_only=True)
+    from unirl_core.models.processors import load_processor
+
+    processor = load_processor(folder, local_files_only=True)
     model = AutoModelForImageTextToText.from_pretrained(folder, local_files_only=True, dtype=DTYPES[dtype])
     return LoadedJudge(model.to(device).eval().requires_grad_(False), processor, torch.device(device))
 

@@ -92,19 +92,26 @@ def test_top_p_keeps_the_smallest_set_that_reaches_p():
     assert nucleus(logits, 1.0).isfinite().all()
 
 
-def test_a_vlms_rollout_log_probs_equal_a_direct_forward_with_its_images(tmp_path):
-    """The tiny LLaVA (models/tiny_vlm.py): a prompt with an image beside one without, left-padded; the log-probs
-    recorded when drawn, those at training geometry (a subset of rows: the image inputs follow their rows) and those of
-    a forward over each row alone with its image are equal."""
+VLMS = {"llava": (32, ["<image>"]), "qwen2_5_vl": (56, ["<|image_pad|>", "<|video_pad|>"])}  # size, placeholders
+
+
+@pytest.mark.parametrize("arch", VLMS)
+def test_a_vlms_rollout_log_probs_equal_a_direct_forward_with_its_images(arch, tmp_path):
+    """The tiny LLaVA (models/tiny_vlm.py) and the tiny Qwen2.5-VL (models/tiny_qwen_vl.py: 3-D rotary positions): a
+    prompt with an image beside one without, left-padded; the log-probs recorded when drawn, those at training
+    geometry (a subset of rows: the image inputs follow their rows) and those of the model's own forward over each
+    row alone with its image (its own positions: Qwen-VL's from the token types, as its processor gives them) are
+    equal."""
     from PIL import Image
 
-    folder = write_tiny_lm(tmp_path / "tiny-llava", "llava")
+    size, placeholders = VLMS[arch]
+    folder = write_tiny_lm(tmp_path / f"tiny-{arch}", arch)
     lm = policy(folder, "train.model.lora=null")
-    assert lm.is_vlm and len(lm.blocks()) == 2
-    images = [Image.new("RGB", (32, 32), "red"), None, Image.new("RGB", (32, 32), "blue")]
+    assert lm.is_vlm and len(lm.blocks()) == 2 and (lm.mrope is not None) == (arch == "qwen2_5_vl")
+    images = [Image.new("RGB", (size, size), "red"), None, Image.new("RGB", (size, size), "blue")]
     out = lm.generate(PROMPTS, generators(3, 3), images)
-    assert out.has_image == [True, False, True] and out.vision["pixel_values"].shape[0] == 2
-    assert lm.blocked.tolist() == [lm.tokenizer.convert_tokens_to_ids("<image>")]
+    assert out.has_image == [True, False, True] and out.vision_of(torch.tensor([2]))  # the blue image goes with row 2
+    assert lm.blocked.tolist() == lm.tokenizer.convert_tokens_to_ids(placeholders)
     assert not torch.isin(lm.generate(PROMPTS * 8, generators(0, 24), images * 8).ids, lm.blocked).any()
     torch.testing.assert_close(lm.token_logp(out) * out.mask, out.logp, rtol=0, atol=1e-5)
     rows = torch.tensor([1, 2])  # the image-less row and the blue one: one image goes with them
@@ -113,7 +120,8 @@ def test_a_vlms_rollout_log_probs_equal_a_direct_forward_with_its_images(tmp_pat
         length = int(out.mask[i].sum())
         ids, _, vision = lm.encode([PROMPTS[i]], [images[i]])
         full = torch.cat([ids[0], out.ids[i, :length]])[None]
-        logits = lm.trainable(input_ids=full, **vision).logits[0, -length - 1 : -1].float()
+        types = {"mm_token_type_ids": torch.isin(full, lm.blocked[:1]).int()} if lm.mrope is not None else {}
+        logits = lm.trainable(input_ids=full, **vision, **types).logits[0, -length - 1 : -1].float()
         logits[:, lm.blocked] = float("-inf")  # the image placeholder is never drawn (nor trained)
         direct = torch.log_softmax(logits, -1).gather(-1, full[0, -length:, None])[:, 0]
         torch.testing.assert_close(out.logp[i, :length], direct, rtol=0, atol=1e-5)
@@ -122,7 +130,28 @@ def test_a_vlms_rollout_log_probs_equal_a_direct_forward_with_its_images(tmp_pat
     assert not torch.equal(red, blue)  # the image reaches the tokens
 
 
-def test_the_rounds_start_refuses_a_folder_that_is_no_causal_lm_or_a_qwen_vl(tmp_path):
+def test_qwen_vls_greedy_completions_equal_transformers_generate_on_a_left_padded_batch(tmp_path):
+    """Decoding with the KV cache goes on from each row's largest 3-D position: the tiny Qwen2.5-VL's greedy
+    completions of a left-padded batch (rows with and without an image) equal those of the model's own `generate`
+    (which tracks the positions through its rope deltas), with the placeholders banned there too."""
+    from PIL import Image
+
+    lm = policy(write_tiny_lm(tmp_path / "tiny-qwen-vl", "qwen2_5_vl"), "train.model.lora=null",
+                "train.domain.max_new_tokens=12")  # fmt: skip
+    images = [Image.new("RGB", (56, 84), "red"), None, Image.new("RGB", (56, 56), "blue")]
+    ours = lm.generate(PROMPTS, None, images)
+    texts = [lm.prompt_text(p, image is not None) for p, image in zip(PROMPTS, images, strict=True)]
+    batch = lm.processor(text=texts, images=[images[0], images[2]], padding=True, return_tensors="pt")
+    stock = lm.trainable.generate(**batch, do_sample=False, max_new_tokens=12, eos_token_id=lm.end_ids,
+                                  pad_token_id=lm.tokenizer.pad_token_id,
+                                  bad_words_ids=[[t] for t in lm.blocked.tolist()])  # fmt: skip
+    stock = stock[:, batch["input_ids"].shape[1] :]
+    for row in range(3):
+        length = int(ours.mask[row].sum())
+        assert ours.ids[row, :length].tolist() == stock[row, :length].tolist()
+
+
+def test_the_rounds_start_refuses_a_folder_that_is_no_causal_lm(tmp_path):
     import json
 
     from unirl_core.domains.ar.domain import ARDomain
@@ -130,10 +159,10 @@ def test_the_rounds_start_refuses_a_folder_that_is_no_causal_lm_or_a_qwen_vl(tmp
     def problems(path) -> list[str]:
         return ARDomain.start_problems(load_recipe("demo_llm", [f"train.model.path={path}"]).train)
 
-    assert problems("tiny:qwen3") == [] and problems("tiny:llava") == []
-    assert "the ar domain's tiny models are tiny:qwen3, tiny:qwen2, tiny:llava" in problems("tiny:sd3")[0]
+    assert problems("tiny:qwen3") == [] and problems("tiny:llava") == [] and problems("tiny:qwen2_5_vl") == []
+    assert (
+        "the ar domain's tiny models are tiny:qwen3, tiny:qwen2, tiny:llava, tiny:qwen2_5_vl" in problems("tiny:sd3")[0]
+    )
     assert "is not a folder" in problems(tmp_path / "missing")[0]
     (tmp_path / "config.json").write_text(json.dumps({"model_type": "qwen3"}))
     assert "has no tokenizer.json or tokenizer_config.json" in problems(tmp_path)[0]
-    (tmp_path / "config.json").write_text(json.dumps({"model_type": "qwen2_5_vl"}))
-    assert "is a qwen2_5_vl model, whose 3-D rotary positions" in problems(tmp_path)[0]

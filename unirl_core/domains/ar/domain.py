@@ -122,15 +122,6 @@ class ARDomain(Domain):
             return [] if name in TINY_LMS else [f"train.model.path: {path!r}: the ar domain's tiny models are "
                                                 f"{', '.join(f'tiny:{n}' for n in TINY_LMS)}"]  # fmt: skip
         folder = Path(path).expanduser()
-        if (folder / "config.json").is_file():
-            import json
-
-            from unirl_core.domains.ar.policy import MROPE_MODELS
-
-            kind = json.loads((folder / "config.json").read_text()).get("model_type")
-            if kind in MROPE_MODELS:
-                return [f"train.model.path: {path} is a {kind} model, whose 3-D rotary positions the ar domain does "
-                        "not build yet; causal LMs and LLaVA-style VLMs train"]  # fmt: skip
         if not folder.is_dir():
             return [f"train.model.path: {path!r} is not a folder; give the local folder of a transformers causal LM "
                     "(config.json, weights, tokenizer files)"]  # fmt: skip

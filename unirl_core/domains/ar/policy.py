@@ -19,6 +19,8 @@ from dataclasses import dataclass, field
 
 import torch
 
+from unirl_core.domains.ar.vision import MROPE_MODELS, MRope, images_of, is_vlm_folder, load_processor, model_type
+
 
 @dataclass
 class Completions:
@@ -43,8 +45,8 @@ class Completions:
         if not self.vision:
             return {}
         rows = list(range(len(self.ids)))[index] if isinstance(index, slice) else index.tolist()
-        first = [sum(self.has_image[:row]) for row in rows if self.has_image[row]]
-        return {key: value[first] for key, value in self.vision.items()} if first else {}
+        images = [sum(self.has_image[:row]) for row in rows if self.has_image[row]]
+        return images_of(self.vision, images) if images else {}
 
 
 def positions(mask: torch.Tensor) -> torch.Tensor:
@@ -62,23 +64,12 @@ def nucleus(logits: torch.Tensor, top_p: float) -> torch.Tensor:
     return torch.full_like(logits, float("-inf")).scatter(-1, order, sorted_logits)
 
 
-MROPE_MODELS = ("qwen2_vl", "qwen2_5_vl", "qwen3_vl", "qwen3_vl_moe")  # 3-D rotary positions: not yet
-
-
-def is_vlm_folder(path) -> bool:
-    """Whether the model folder at `path` holds a vision-language model (its config.json has a vision config)."""
-    import json
-    from pathlib import Path
-
-    return "vision_config" in json.loads((Path(path) / "config.json").read_text())
-
-
 class LMPolicy:
     """What the worker shards and checkpoints (`trainable`, `blocks()`, `dtype`, `parameters()`), with the
     tokenizer and the generation settings of `train.domain`."""
 
     def __init__(self, config, device):
-        from transformers import AutoModelForCausalLM, AutoModelForImageTextToText, AutoProcessor, AutoTokenizer
+        from transformers import AutoModelForCausalLM, AutoModelForImageTextToText, AutoTokenizer
 
         from unirl_core.models.registry import resolve_model_path
 
@@ -86,7 +77,7 @@ class LMPolicy:
         path = resolve_model_path(config.model.path)
         self.dtype = getattr(torch, config.model.dtype)
         self.is_vlm = is_vlm_folder(path)
-        self.processor = AutoProcessor.from_pretrained(path) if self.is_vlm else None
+        self.processor = load_processor(path) if self.is_vlm else None
         self.tokenizer = self.processor.tokenizer if self.is_vlm else AutoTokenizer.from_pretrained(path)
         self.tokenizer.padding_side = "left"
         if self.tokenizer.pad_token_id is None:
@@ -115,6 +106,10 @@ class LMPolicy:
         # transformers >= 5.2x names the KV cache `cache` (`past_key_values` warns, then goes in 5.40)
         forward = inspect.signature(type(self.base_model()).forward).parameters
         self._cache_key = "cache" if "cache" in forward else "past_key_values"
+        self.mrope = None  # a Qwen-VL model's 3-D positions (vision.py)
+        if model_type(path) in MROPE_MODELS:
+            self.mrope = MRope(self.base_model().model, self.processor.image_token_id,
+                               getattr(self.processor, "video_token_id", None))  # fmt: skip
 
     # --- what the worker reads ------------------------------------------------------------------------------
 
@@ -156,7 +151,8 @@ class LMPolicy:
             batch = self.processor(text=texts, images=given or None, padding=True, return_tensors="pt")
         else:
             batch = self.tokenizer(texts, return_tensors="pt", padding=True, add_special_tokens=False)
-        vision = {k: v.to(self.device) for k, v in batch.items() if k not in ("input_ids", "attention_mask")}
+        text_keys = ("input_ids", "attention_mask", "mm_token_type_ids")  # token types: from the ids (MRope)
+        vision = {k: v.to(self.device) for k, v in batch.items() if k not in text_keys}
         return batch["input_ids"].to(self.device), batch["attention_mask"].to(self.device), vision
 
     @torch.no_grad()
@@ -173,7 +169,7 @@ class LMPolicy:
         pad = self.tokenizer.pad_token_id
         ends = torch.tensor(self.end_ids, device=self.device)
         cache, mask = DynamicCache(), prompt_mask
-        step_ids, step_positions = prompt_ids, positions(prompt_mask)
+        step_ids, step_positions = prompt_ids, self.positions(prompt_ids, prompt_mask, vision)
         tokens, logps, live = [], [], torch.ones(rows, dtype=torch.bool, device=self.device)
         alive_masks = []
         for _ in range(settings.max_new_tokens):
@@ -193,11 +189,15 @@ class LMPolicy:
             if not live.any():
                 break
             mask = torch.cat([mask, torch.ones_like(mask[:, :1])], 1)
-            step_ids, step_positions = token[:, None], step_positions[:, -1:] + 1
+            step_ids, step_positions = token[:, None], step_positions[..., -1:] + 1  # [B, 1] or M-RoPE's [3, B, 1]
         ids, completion_mask = torch.stack(tokens, 1), torch.stack(alive_masks, 1).long()
         texts = self.tokenizer.batch_decode(ids.masked_fill(completion_mask == 0, pad), skip_special_tokens=True)
         return Completions(prompt_ids, prompt_mask, ids, completion_mask, torch.stack(logps, 1), texts,
                            live.tolist(), vision, [image is not None for image in images or [None] * rows])  # fmt: skip
+
+    def positions(self, ids: torch.Tensor, mask: torch.Tensor, vision: dict) -> torch.Tensor:
+        """Position ids of `ids` (left-padded, `mask`): [B, L], or a Qwen-VL model's [3, B, L] (vision.py)."""
+        return self.mrope(ids, mask, vision) if self.mrope is not None else positions(mask)
 
     def _draw(self, logits: torch.Tensor, generators: list[torch.Generator] | None) -> torch.Tensor:
         """Each row's next token: the most likely without `generators`, else drawn from its top-p nucleus with the
@@ -226,9 +226,9 @@ class LMPolicy:
         position's entropy [b, T] (no gradient)."""
         prompt_ids, ids = completions.prompt_ids[index], completions.ids[index]
         mask = torch.cat([completions.prompt_mask[index], completions.mask[index]], 1)
-        logits = self.trainable(input_ids=torch.cat([prompt_ids, ids], 1), attention_mask=mask,
-                                position_ids=positions(mask), use_cache=False,
-                                **completions.vision_of(index)).logits  # fmt: skip
+        whole, vision = torch.cat([prompt_ids, ids], 1), completions.vision_of(index)
+        logits = self.trainable(input_ids=whole, attention_mask=mask, position_ids=self.positions(whole, mask, vision),
+                                use_cache=False, **vision).logits  # fmt: skip
         logits = self._support(logits[:, prompt_ids.shape[1] - 1 : -1].float() / self.settings.temperature)
         logp_all = torch.log_softmax(logits, -1)
         logp = logp_all.gather(-1, ids[..., None])[..., 0]

@@ -1,0 +1,107 @@
+"""A tiny Qwen2.5-VL, random weights, for the autoregressive domain's VLM tests and the `demo_vlm` recipe:
+`tiny:qwen2_5_vl` in `train.model.path` builds it in the workspace once.
+
+It is what makes the 3-D rotary positions (M-RoPE: temporal, height, width) tested on CPU: the folder has the layout
+of a Qwen/Qwen2.5-VL-*-Instruct checkpoint (`Qwen2_5_VLForConditionalGeneration` weights and config, the Qwen2-VL
+image processor's preprocessor_config.json, a Qwen2 tokenizer with the vision tokens and a chat template placing
+`<|vision_start|><|image_pad|><|vision_end|>` before the text). No processor_config.json is written: building a
+`Qwen2_5_VLProcessor` needs a video processor, hence torchvision, which this project does not install;
+`domains.ar.processors.load_processor` assembles the processor from the image processor and the tokenizer then.
+
+| part      | size                                                                                           |
+|-----------|------------------------------------------------------------------------------------------------|
+| vision    | ViT, 56 x 56 images (min = max pixels), 14 px patches, 2 x 2 merge: 16 patches, 4 image tokens  |
+| text      | Qwen2.5-VL decoder, hidden 64, 2 layers, 4 heads (2 kv) of 16, M-RoPE sections [2, 3, 3]      |
+| tokenizer | byte-level BPE (`models.tiny_vlm.tiny_qwen_tokenizer`) plus the four Qwen-VL vision tokens       |
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+
+TINY_QWEN_VL_IMAGE_SIZE = 56
+VISION_TOKENS = ("<|vision_start|>", "<|vision_end|>", "<|image_pad|>", "<|video_pad|>")
+
+# Qwen2.5-VL-Instruct's chat template, cut to what the tiny model reads: a default system turn, images first.
+CHAT_TEMPLATE = (
+    "{% for message in messages %}"
+    "{% if loop.first and message['role'] != 'system' %}"
+    "<|im_start|>system\nYou are a helpful assistant.<|im_end|>\n{% endif %}"
+    "<|im_start|>{{ message['role'] }}\n"
+    "{% if message['content'] is string %}{{ message['content'] }}{% else %}"
+    "{% for content in message['content'] %}"
+    "{% if content['type'] == 'image' %}<|vision_start|><|image_pad|><|vision_end|>"
+    "{% elif content['type'] == 'text' %}{{ content['text'] }}{% endif %}"
+    "{% endfor %}{% endif %}<|im_end|>\n"
+    "{% endfor %}"
+    "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+)
+
+
+def build_tiny_qwen_vl(seed: int = 0):
+    """(Qwen2_5_VLForConditionalGeneration, image processor, tokenizer), weights drawn from `seed`."""
+    from transformers import Qwen2_5_VLConfig, Qwen2_5_VLForConditionalGeneration
+    from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import Qwen2VLImageProcessorPil
+
+    from unirl_core.models.tiny_vlm import tiny_qwen_tokenizer
+
+    tokenizer = tiny_qwen_tokenizer(extra_special=VISION_TOKENS)
+    tokenizer.chat_template = CHAT_TEMPLATE
+    ids = {t: tokenizer.convert_tokens_to_ids(t) for t in ("<|endoftext|>", "<|im_end|>", *VISION_TOKENS)}
+    pixels = TINY_QWEN_VL_IMAGE_SIZE**2
+    config = Qwen2_5_VLConfig(
+        vision_config=dict(
+            depth=2,
+            hidden_size=16,
+            intermediate_size=32,
+            num_heads=2,
+            patch_size=14,
+            spatial_merge_size=2,
+            temporal_patch_size=2,
+            window_size=28,
+            out_hidden_size=64,
+            fullatt_block_indexes=[1],
+            initializer_range=0.2,
+        ),  # fmt: skip
+        text_config=dict(
+            vocab_size=len(tokenizer),
+            hidden_size=64,
+            intermediate_size=128,
+            num_hidden_layers=2,
+            num_attention_heads=4,
+            num_key_value_heads=2,
+            max_position_embeddings=512,
+            rope_parameters={"rope_type": "default", "rope_theta": 1e6, "mrope_section": [2, 3, 3]},
+            bos_token_id=ids["<|endoftext|>"],
+            eos_token_id=ids["<|im_end|>"],
+            pad_token_id=ids["<|endoftext|>"],
+            initializer_range=0.1,
+        ),  # fmt: skip
+        image_token_id=ids["<|image_pad|>"],
+        video_token_id=ids["<|video_pad|>"],
+        vision_start_token_id=ids["<|vision_start|>"],
+        vision_end_token_id=ids["<|vision_end|>"],
+    )
+    image_processor = Qwen2VLImageProcessorPil(min_pixels=pixels, max_pixels=pixels, patch_size=14, merge_size=2,
+                                               temporal_patch_size=2)  # fmt: skip
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        model = Qwen2_5_VLForConditionalGeneration(config)
+    model.generation_config.eos_token_id = ids["<|im_end|>"]
+    model.generation_config.pad_token_id = ids["<|endoftext|>"]
+    return model.eval(), image_processor, tokenizer
+
+
+def write_tiny_qwen_vl(folder: str | Path, seed: int = 0) -> Path:
+    """Write the tiny Qwen2.5-VL folder (about 250 KB) that `AutoModelForImageTextToText.from_pretrained` and
+    `domains.ar.processors.load_processor` load offline; same seed, same weights."""
+    out = Path(folder)
+    if out.exists() and (not out.is_dir() or any(out.iterdir())):
+        raise FileExistsError(f"{out} exists and is not an empty folder; choose a new folder or remove it")
+    model, image_processor, tokenizer = build_tiny_qwen_vl(seed)
+    model.save_pretrained(out, safe_serialization=True)
+    image_processor.save_pretrained(out)
+    tokenizer.save_pretrained(out)
+    return out
