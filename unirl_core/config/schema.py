@@ -316,7 +316,7 @@ class VlmJudgeRewardConfig(StrictModel):
 
     model_path: OptionalStr = None
     """Local folder of a VLM that AutoModelForImageTextToText loads, with its processor (a `save_pretrained` copy of
-    e.g. Qwen/Qwen2.5-VL-7B-Instruct; Qwen-VL processors need torchvision). Recipes read it from
+    e.g. Qwen/Qwen2.5-VL-7B-Instruct; a Qwen-VL folder loads without torchvision too). Recipes read it from
     `${env:VLM_JUDGE_PATH}`."""
 
     question: OptionalStr = None
@@ -338,6 +338,20 @@ class VlmJudgeRewardConfig(StrictModel):
 
     scale: tuple[int, int] = (1, 9)
     """scale: the lowest and highest digit; every value must be one token (Qwen tokenizers split 10)."""
+
+
+class LlmJudgeRewardConfig(VlmJudgeRewardConfig):
+    """Settings of the `llm_judge` reward: a chat LM (or a VLM, text only) asked `question` about each text output
+    (the autoregressive domain's completions), scored from its next-token probabilities over the answer tokens."""
+
+    model_path: OptionalStr = None
+    """Local folder of a chat LM that AutoModelForCausalLM loads with its tokenizer (a `save_pretrained` copy of
+    e.g. Qwen/Qwen3-8B), or of a chat VLM. Recipes read it from `${env:LLM_JUDGE_PATH}`."""
+
+    question: OptionalStr = None
+    """The question, a template where `{prompt}` becomes the prompt and `{response}` the output. Empty: the mode's
+    default (yes_no: 'Question: "{prompt}" / Response: "{response}" / Is the response correct? Answer yes or no.';
+    scale: asks for one digit from 1 to 9)."""
 
 
 class AestheticRewardConfig(StrictModel):
@@ -420,8 +434,8 @@ class RewardConfig(StrictModel):
     """How images are scored: a weighted sum of named rewards, plus guards that are scored but not trained on.
 
     Names: the weight-free ones (unirl_core/rewards/functions.py), the model rewards (`clip_score` needs `clip`;
-    `aesthetic`, `pickscore`, `hpsv2`, `ocr`, `imagereward`, `geneval`, `vlm_judge` their own section), and every key of
-    `remote`."""
+    `aesthetic`, `pickscore`, `hpsv2`, `ocr`, `imagereward`, `geneval`, `vlm_judge`, `llm_judge` their own section), and
+    every key of `remote`."""
 
     weights: dict[str, float] = {"jpeg_compressibility": 1.0}
     """Reward name -> weight in the total reward."""
@@ -452,6 +466,9 @@ class RewardConfig(StrictModel):
 
     vlm_judge: VlmJudgeRewardConfig | None = None
     """The VLM of `vlm_judge`; required when `vlm_judge` is weighted or a guard."""
+
+    llm_judge: LlmJudgeRewardConfig | None = None
+    """The chat LM of `llm_judge` (text outputs); required when `llm_judge` is weighted or a guard."""
 
     remote: dict[str, RemoteScorerConfig] = {}
     """Remote scorers by reward name: each key can be weighted or guarded like a built-in reward."""
@@ -503,12 +520,14 @@ class RewardConfig(StrictModel):
         pickscore, ocr = self.pickscore or PickScoreRewardConfig(), self.ocr or OcrRewardConfig()
         imagereward, hps = self.imagereward or ImageRewardConfig(), self.hpsv2 or HPSv2RewardConfig()
         geneval, judge = self.geneval or GenEvalRewardConfig(), self.vlm_judge or VlmJudgeRewardConfig()
+        text_judge = self.llm_judge or LlmJudgeRewardConfig()
         required = [
             ("hpsv2", "hpsv2.checkpoint_path", hps.checkpoint_path, "a local HPS_v2.1_compressed.pt"),
             ("hpsv2", "hpsv2.tokenizer_path", hps.tokenizer_path, "a local CLIP-H tokenizer folder"),
             ("geneval", "geneval.detector_path", geneval.detector_path, "a local OWLv2 folder"),
             ("geneval", "geneval.clip_path", geneval.clip_path, "a local CLIP folder (colours)"),
             ("vlm_judge", "vlm_judge.model_path", judge.model_path, "a local chat VLM folder"),
+            ("llm_judge", "llm_judge.model_path", text_judge.model_path, "a local chat LM folder"),
             ("imagereward", "imagereward.checkpoint_path", imagereward.checkpoint_path, "a local ImageReward.pt"),
             ("imagereward", "imagereward.tokenizer_path", imagereward.tokenizer_path, "a bert-base-uncased folder"),
             ("ocr", "ocr.model_path", ocr.model_path, "a local OCR model folder, e.g. microsoft/trocr-base-printed"),

@@ -64,7 +64,8 @@ class RewardActor:
 
         if self.problem:  # a restart whose reload failed
             raise RewardError(f"reward actor could not reload {name}: {self.problem}")
-        scorer, images = self.scorers[name], [Image.fromarray(p) for p in pixels]
+        scorer = self.scorers[name]
+        images = [Image.fromarray(p) if isinstance(p, np.ndarray) else p for p in pixels]  # text outputs: as sent
         try:
             if getattr(scorer, "wants_metadata", False):
                 return [float(s) for s in scorer(images, prompts, sample_ids, metadata=metadata)]
@@ -84,7 +85,7 @@ class DedicatedScorer:
 
     def __call__(self, images: Sequence[Image.Image], prompts: Sequence[str], sample_ids: Sequence[str] = (),
                  metadata: Sequence[dict] | None = None) -> np.ndarray:  # fmt: skip
-        pixels = [np.asarray(image.convert("RGB")) for image in images]
+        pixels = [np.asarray(o.convert("RGB")) if isinstance(o, Image.Image) else o for o in images]  # text: as is
         parts = [p for p in np.array_split(np.arange(len(images)), len(self.actors)) if len(p)]
         calls = [
             actor.score.remote(self.name, [pixels[i] for i in part], [prompts[i] for i in part],

@@ -15,7 +15,9 @@ MODEL_REWARDS = {
     "imagereward": "imagereward",
     "geneval": "geneval",
     "vlm_judge": "vlm_judge",
+    "llm_judge": "llm_judge",
 }  # reward name -> its RewardConfig section
+TEXT_MODEL_REWARDS = {"llm_judge"}  # model rewards of text outputs
 METADATA_REWARDS = {"geneval"}  # scored with each prompt record's `metadata` (its checks)
 
 
@@ -40,8 +42,8 @@ def builtin_names() -> set[str]:
 
 
 def modality(name: str) -> str:
-    """What a reward scores: `image` (the weight-free image rewards and the model rewards), `text` (text.py's), or
-    `any` (remote scorers and `package.module:function` rewards: their authors decide)."""
-    if name in TEXT_REWARDS:
+    """What a reward scores: `image` (the weight-free image rewards and the model rewards), `text` (text.py's and
+    `llm_judge`), or `any` (remote scorers and `package.module:function` rewards: their authors decide)."""
+    if name in TEXT_REWARDS or name in TEXT_MODEL_REWARDS:
         return "text"
     return "image" if name in REWARDS or name in MODEL_REWARDS else "any"

@@ -12,6 +12,7 @@
 | imagereward   | BLIP + MLP   | `reward.imagereward`             | imagereward.py|
 | geneval       | OWLv2 + CLIP | `reward.geneval` + prompt metadata | geneval.py  |
 | vlm_judge     | chat VLM     | `reward.vlm_judge`               | vlm_judge.py  |
+| llm_judge     | chat LM      | `reward.llm_judge` (text outputs) | vlm_judge.py |
 | <any key>     | HTTP server  | `reward.remote.<key>`            | remote.py     |
 
 Only the rewards a recipe weights or guards are built; a configured but unused one is skipped with a warning.
@@ -95,9 +96,15 @@ def _vlm_judge(config: RewardConfig, device: str) -> Scorer:
     return VlmJudgeScore(device=device, **config.vlm_judge.model_dump())
 
 
+def _llm_judge(config: RewardConfig, device: str) -> Scorer:
+    from unirl_core.rewards.vlm_judge import LlmJudgeScore
+
+    return LlmJudgeScore(device=device, **config.llm_judge.model_dump())
+
+
 _FACTORIES: dict[str, Callable[[RewardConfig, str], Scorer]] = {
     "clip_score": _clip_score, "aesthetic": _aesthetic, "pickscore": _pickscore, "hpsv2": _hpsv2, "ocr": _ocr,
-    "imagereward": _imagereward, "geneval": _geneval, "vlm_judge": _vlm_judge,
+    "imagereward": _imagereward, "geneval": _geneval, "vlm_judge": _vlm_judge, "llm_judge": _llm_judge,
 }  # fmt: skip
 
 
@@ -134,6 +141,10 @@ DESCRIPTIONS: dict[str, tuple[str, str]] = {
     "vlm_judge": (
         "a VLM's P(yes) (or expected 1-9 digit) from its answer-token probabilities",
         "reward.vlm_judge.model_path: a local chat VLM folder (e.g. Qwen2.5-VL-7B-Instruct)",
+    ),
+    "llm_judge": (
+        "text: a chat LM's P(yes) (or expected 1-9 digit) about each (prompt, response)",
+        "reward.llm_judge.model_path: a local chat LM folder (e.g. Qwen3-8B)",
     ),
 }
 

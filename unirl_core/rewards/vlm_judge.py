@@ -1,4 +1,6 @@
-"""`vlm_judge`: a vision-language model asked a question about each image, scored by its answer-token probabilities.
+"""`vlm_judge`: a vision-language model asked a question about each image, scored by its answer-token probabilities;
+`llm_judge`: the same for text outputs (the autoregressive domain's completions), a chat LM (or VLM) asked about
+each (prompt, response) pair.
 
 Any chat VLM that transformers loads with `AutoModelForImageTextToText` (Qwen2-VL, Qwen2.5-VL, Qwen3-VL, LLaVA,
 Idefics3, Gemma 3, ...) is asked `question` (a template; `{prompt}` becomes the image's prompt) about one image,
@@ -32,6 +34,7 @@ processor without the video part).
 from __future__ import annotations
 
 import functools
+import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -46,6 +49,11 @@ DEFAULT_QUESTIONS = {
     "scale": 'How well does this image match the description: "{prompt}"? '
     "Answer with one digit from 1 (not at all) to 9 (perfectly).",
 }
+TEXT_QUESTIONS = {
+    "yes_no": 'Question: "{prompt}"\nResponse: "{response}"\nIs the response correct? Answer yes or no.',
+    "scale": 'Question: "{prompt}"\nResponse: "{response}"\nHow good is the response? '
+    "Answer with one digit from 1 (useless) to 9 (perfect).",
+}
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 
 
@@ -53,17 +61,22 @@ DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 class LoadedJudge:
     """A VLM and its processor on one device; `next_token_logits` asks it one question per image."""
 
-    model: Any  # an AutoModelForImageTextToText, eval mode
-    processor: Any  # its AutoProcessor: tokenizer (with a chat template) + image processor
+    model: Any  # an AutoModelForImageTextToText (or, for text only, AutoModelForCausalLM), eval mode
+    processor: Any  # its processor: tokenizer (with a chat template) + image processor; or the tokenizer alone
     device: torch.device
+    reward: str = "vlm_judge"  # the reward it serves, named in its errors
+
+    @property
+    def tokenizer(self):
+        return getattr(self.processor, "tokenizer", self.processor)
 
     def token_id(self, word: str) -> int:
         """The id of `word` as one token; ValueError when this tokenizer splits it."""
-        ids = self.processor.tokenizer.encode(word, add_special_tokens=False)
+        ids = self.tokenizer.encode(word, add_special_tokens=False)
         if len(ids) != 1:
-            pieces = self.processor.tokenizer.convert_ids_to_tokens(ids)
+            pieces = self.tokenizer.convert_ids_to_tokens(ids)
             raise ValueError(
-                f"vlm_judge answer {word!r} is not one token of this model's tokenizer: it splits into {pieces}; "
+                f"{self.reward} answer {word!r} is not one token of this model's tokenizer: it splits into {pieces}; "
                 "choose answers (or a scale) whose words are single tokens"
             )
         return ids[0]
@@ -94,34 +107,65 @@ class LoadedJudge:
                 inputs[key] = value.to(self.model.dtype)  # pixel_values follow the model's dtype
         return self.model(**inputs, logits_to_keep=1).logits[:, -1].float()
 
+    @torch.inference_mode()
+    def text_logits(self, questions: Sequence[str]) -> torch.Tensor:
+        """[B, V] float32 logits of the first answer token, each question a one-turn text chat; left-padded, the
+        positions counted from each row's first token (transformers does not derive them from the mask)."""
+        inputs = self.tokenizer.apply_chat_template(
+            [[{"role": "user", "content": q}] for q in questions],
+            add_generation_prompt=True,
+            tokenize=True,
+            return_dict=True,
+            return_tensors="pt",
+            sanitize_control_tokens=True,  # a response spelling "<|im_end|>" stays plain text
+            padding=True,
+            tokenizer_kwargs={"padding_side": "left"},
+        ).to(self.device)
+        mask = inputs["attention_mask"]
+        positions = (mask.cumsum(-1) - 1).clamp(min=0)
+        out = self.model(input_ids=inputs["input_ids"], attention_mask=mask, position_ids=positions, logits_to_keep=1)
+        return out.logits[:, -1].float()
 
-def load_judge(path: str | Path, device: str | torch.device = "cpu", dtype: str = "float32") -> LoadedJudge:
-    """The VLM in folder `path` on `device` in `dtype`, loaded on the first call and shared by later ones."""
+
+def load_judge(path: str | Path, device: str | torch.device = "cpu", dtype: str = "float32",
+               reward: str = "vlm_judge") -> LoadedJudge:  # fmt: skip
+    """The VLM (or, for `llm_judge`, chat LM) in folder `path` on `device` in `dtype`, loaded on the first call and
+    shared by later ones."""
     folder = Path(path).expanduser().resolve()
     if not (folder / "config.json").is_file():
+        example = "Qwen/Qwen2.5-VL-7B-Instruct" if reward == "vlm_judge" else "Qwen/Qwen3-8B"
         raise FileNotFoundError(
-            f"vlm_judge model folder {str(path)!r} has no config.json: give a local folder written by "
-            "save_pretrained with its processor (tokenizer with a chat template + image processor), e.g. a copy of "
-            "Qwen/Qwen2.5-VL-7B-Instruct; nothing is downloaded"
+            f"{reward} model folder {str(path)!r} has no config.json: give a local folder written by "
+            f"save_pretrained with its tokenizer (with a chat template) or processor, e.g. a copy of {example}; "
+            "nothing is downloaded"
         )
     if dtype not in DTYPES:
-        raise ValueError(f"vlm_judge dtype {dtype!r} is not one of {sorted(DTYPES)}")
-    return _load_judge(str(folder), str(torch.device(device)), dtype)
+        raise ValueError(f"{reward} dtype {dtype!r} is not one of {sorted(DTYPES)}")
+    return _load_judge(str(folder), str(torch.device(device)), dtype, reward)
 
 
 @functools.cache
-def _load_judge(folder: str, device: str, dtype: str) -> LoadedJudge:
-    from transformers import AutoModelForImageTextToText
+def _load_judge(folder: str, device: str, dtype: str, reward: str) -> LoadedJudge:
+    from transformers import AutoModelForCausalLM, AutoModelForImageTextToText, AutoTokenizer
 
-    from unirl_core.models.processors import load_processor
+    from unirl_core.models.processors import is_vlm_folder, load_processor
 
-    processor = load_processor(folder, local_files_only=True)
-    model = AutoModelForImageTextToText.from_pretrained(folder, local_files_only=True, dtype=DTYPES[dtype])
-    return LoadedJudge(model.to(device).eval().requires_grad_(False), processor, torch.device(device))
+    if is_vlm_folder(folder):
+        processor = load_processor(folder, local_files_only=True)
+        model = AutoModelForImageTextToText.from_pretrained(folder, local_files_only=True, dtype=DTYPES[dtype])
+    elif reward == "llm_judge":
+        processor = AutoTokenizer.from_pretrained(folder, local_files_only=True)
+        model = AutoModelForCausalLM.from_pretrained(folder, local_files_only=True, dtype=DTYPES[dtype])
+    else:
+        raise ValueError(f"vlm_judge model folder {folder} holds no vision-language model (its config.json has no "
+                         "vision_config); give a chat VLM's folder, or use llm_judge to judge text")  # fmt: skip
+    return LoadedJudge(model.to(device).eval().requires_grad_(False), processor, torch.device(device), reward)
 
 
 class VlmJudgeScore:
     """The `vlm_judge` reward: P(yes) (`yes_no`) or the expected digit (`scale`) of a VLM asked about each image."""
+
+    reward, questions, fields = "vlm_judge", DEFAULT_QUESTIONS, ("{prompt}",)
 
     def __init__(
         self,
@@ -134,15 +178,16 @@ class VlmJudgeScore:
         answers: tuple[str, str] = ("yes", "no"),
         scale: tuple[int, int] = (1, 9),
     ):
-        if mode not in DEFAULT_QUESTIONS:
-            raise ValueError(f"vlm_judge mode {mode!r} is not one of {sorted(DEFAULT_QUESTIONS)}")
-        self.question = DEFAULT_QUESTIONS[mode] if question is None else question
-        if "{prompt}" not in self.question:
+        if mode not in self.questions:
+            raise ValueError(f"{self.reward} mode {mode!r} is not one of {sorted(self.questions)}")
+        self.question = self.questions[mode] if question is None else question
+        missing = [field for field in self.fields if field not in self.question]
+        if missing:
             raise ValueError(
-                f"vlm_judge question {self.question!r} has no {{prompt}}: write where the image's prompt goes, "
-                f"e.g. {DEFAULT_QUESTIONS[mode]!r}"
+                f"{self.reward} question {self.question!r} has no {' or '.join(missing)}: write where it goes, "
+                f"e.g. {self.questions[mode]!r}"
             )
-        self.judge = load_judge(model_path, device, dtype)
+        self.judge = load_judge(model_path, device, dtype, self.reward)
         self.batch_size = batch_size
         self.mode = mode
         self.candidate_ids, self.values = self._candidates(answers, scale)
@@ -156,11 +201,11 @@ class VlmJudgeScore:
         else:
             low, high = scale
             if low >= high:
-                raise ValueError(f"vlm_judge scale {scale} is empty: give (lowest, highest), e.g. (1, 9)")
+                raise ValueError(f"{self.reward} scale {scale} is empty: give (lowest, highest), e.g. (1, 9)")
             words = {str(k): float(k) for k in range(low, high + 1)}
         ids = [self.judge.token_id(word) for word in words]
         if len(set(ids)) != len(ids):
-            raise ValueError(f"vlm_judge answers {list(words)} share tokens in this tokenizer: {ids}")
+            raise ValueError(f"{self.reward} answers {list(words)} share tokens in this tokenizer: {ids}")
         return torch.tensor(ids), torch.tensor(list(words.values()), dtype=torch.float64)
 
     def score_logits(self, logits_BV: torch.Tensor) -> torch.Tensor:
@@ -181,4 +226,22 @@ class VlmJudgeScore:
             )
             for start in range(0, len(images), size)
         ]
+        return torch.cat(scores).numpy() if scores else np.zeros(0)
+
+
+class LlmJudgeScore(VlmJudgeScore):
+    """The `llm_judge` reward: P(yes) (`yes_no`) or the expected digit (`scale`) of a chat LM (or VLM, text only)
+    asked about each text output: the question's `{prompt}` becomes the prompt, `{response}` the output."""
+
+    reward, questions, fields = "llm_judge", TEXT_QUESTIONS, ("{prompt}", "{response}")
+
+    def __call__(self, outputs: Sequence[str], prompts: Sequence[str], sample_ids: Sequence[str] = ()) -> np.ndarray:
+        if len(prompts) != len(outputs):
+            raise ValueError(f"llm_judge needs one prompt per output; got {len(prompts)} for {len(outputs)} outputs")
+        fill = {"{prompt}": list(prompts), "{response}": [str(o) for o in outputs]}
+        pattern = re.compile("|".join(re.escape(field) for field in fill))  # one pass: a response's braces stay
+        questions = [pattern.sub(lambda m, i=i: fill[m.group(0)][i], self.question) for i in range(len(outputs))]
+        size = self.batch_size
+        scores = [self.score_logits(self.judge.text_logits(questions[start : start + size]))
+                  for start in range(0, len(questions), size)]  # fmt: skip
         return torch.cat(scores).numpy() if scores else np.zeros(0)
