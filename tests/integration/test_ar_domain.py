@@ -75,6 +75,34 @@ def test_each_token_algorithm_trains_and_a_stopped_run_resumes_exactly(algorithm
     assert comparable(first[:2] + resumed) == comparable(rows)
 
 
+def test_dapos_dynamic_sampling_trains_on_groups_whose_rewards_differ_and_resumes_exactly(tmp_path):
+    """demo_llm's sparse rewards (at first most groups score all 0) with DAPO's dynamic sampling: a step rolls out
+    more prompts until 4 groups differ, trains on those alone (no group of equal rewards counted), and a run stopped
+    mid-way resumes to the uninterrupted one bitwise (the extra prompts drawn are in the source's state); with
+    too few rollouts allowed, the step stops naming the key."""
+    from unirl_core.controller.rounds import DynamicSamplingError
+
+    overrides = ["train.algorithm.name=dapo", "train.algorithm.max_gen_batches=0", "train.steps=4",
+                 "train.checkpoint_every=2", "train.reward.guards=[]"]  # fmt: skip
+    config = load_recipe("demo_llm", overrides).train
+    rows = train_locally(config, tmp_path / "run")
+    assert rows[0]["gen_batches"] > 1 and all(row["zero_std_ratio"] == 0 and row["reward_std"] > 0 for row in rows)
+    first: list[dict] = []
+
+    def kill_at_2(row: dict) -> None:
+        first.append(row)
+        if row["step"] == 2:
+            raise Killed
+
+    with pytest.raises(Killed):
+        train_locally(config, tmp_path / "killed", on_step=kill_at_2)
+    resumed = train_locally(config, tmp_path / "killed")
+    assert comparable(first[:2] + resumed) == comparable(rows)
+    strict = load_recipe("demo_llm", [*overrides, "train.algorithm.max_gen_batches=1"]).train
+    with pytest.raises(DynamicSamplingError, match=r"after train.algorithm.max_gen_batches=1 rollouts"):
+        train_locally(strict, tmp_path / "strict")
+
+
 def test_unirl_train_demo_llm_local_exports_a_model_transformers_loads_and_unirl_eval_scores_it(
     prefect_harness, mlflow_uri, tmp_path
 ):
@@ -143,7 +171,7 @@ def test_one_and_two_ray_workers_give_the_same_rewards_and_updates(ray_local, tm
     two = [json.loads(line) for line in (output_dir(two_config) / METRICS_FILE).read_text().splitlines()]
     assert [r["reward_mean"] for r in one] == [r["reward_mean"] for r in two]  # bitwise, every step
     assert [r["response_length_mean"] for r in one] == [r["response_length_mean"] for r in two]
-    for key in ("loss", "grad_norm", "entropy"):
+    for key in ("loss", "grad_norm", "entropy", "ratio_mean", "clip_fraction"):
         largest = max(abs(a[key] - b[key]) for a, b in zip(one, two, strict=True))
         assert largest <= 1e-5 * max(abs(a[key]) for a in one) + 1e-8, (key, largest)  # summation order only
 

@@ -76,6 +76,15 @@ class TokenAlgorithmConfig(AlgorithmConfig):
     micro_batch_size: Annotated[int, Field(ge=1)] = 8
     """Completions per forward/backward inside a mini-batch (gradient accumulation)."""
 
+    dynamic_sampling: bool = False
+    """DAPO's dynamic sampling (veRL's `filter_groups`): groups whose total rewards are all equal (population std 0)
+    are left out, and more prompts are drawn and rolled out (`prompts_per_rollout` at a time) until
+    `prompts_per_rollout` groups with differing rewards are kept; the step trains on the first that many."""
+
+    max_gen_batches: Annotated[int, Field(ge=0)] = 10
+    """Dynamic sampling: rollouts per step at most (veRL's `max_num_gen_batches`); a step that has not kept enough
+    groups by then stops the run (the prompts are too hard or too easy for the policy). 0: no limit."""
+
 
 class TokenAlgorithm(Algorithm):
     """A token algorithm: `token_loss` of a micro-batch; the stack (unirl_core/domains/ar/stack.py) runs the

@@ -19,6 +19,7 @@ import numpy as np
 from unirl_core.algorithms.advantages import compute_advantages, per_reward_advantages
 from unirl_core.controller.round_plan import plan_rounds, split_even
 from unirl_core.data.grpo_groups import expand_groups
+from unirl_core.errors import UserError
 from unirl_core.worker.worker import TrainWorker
 
 
@@ -102,7 +103,8 @@ class RLRound(RoundStrategy):
         return self.eval.stop_error(self.eval.run(step + 1, deadline)) if self.eval is not None else None
 
     def step(self, stage_step: int, timeout: float, last: bool) -> dict[str, float]:
-        """Prompts -> groups -> the ranks roll out and score -> advantages over the whole batch -> the ranks train."""
+        """Prompts -> groups -> the ranks roll out and score -> advantages over the whole batch -> the ranks train
+        (with dynamic sampling, more rollouts first until enough groups have differing rewards)."""
         c = self.controller
         config, group, workers = c.config, c.config.sampling.samples_per_prompt, c.workers
         started = time.perf_counter()
@@ -111,29 +113,62 @@ class RLRound(RoundStrategy):
         first_group = samples[0].group_id
         grid = [s for s in samples if s.group_id - first_group < config.grid_prompts
                 and s.sample_index < config.grid_images_per_prompt] if last else []  # fmt: skip
-        results = c.group.scatter(TrainWorker.rollout, split_even(samples, workers), stage_step,
-                                  [s.sample_id for s in grid], timeout=timeout)  # fmt: skip
-        scores = {k: [x for r in results for x in r["rewards"][k]] for k in results[0]["rewards"]}
-        prompts = [s.example.prompt for s in samples]
-        if config.reward.normalize != "total":
-            advantages, advantage_stats = per_reward_advantages(
-                config.algorithm, prompts, scores, config.reward.weights, group, config.reward.normalize
-            )
-        else:
-            advantages, advantage_stats = compute_advantages(
-                config.algorithm, c.advantage_tracker, prompts, scores["total"], group
-            )
-        train_parts = c.group.scatter(TrainWorker.train, split_even(advantages.tolist(), workers), stage_step,
-                                      timeout=timeout)  # fmt: skip
-        metrics = reward_metrics(scores) | advantage_stats | reduce_metrics(train_parts)
+        results, scores = self._roll_out(samples, stage_step, [s.sample_id for s in grid], timeout)
+        rollouts, dynamic = [(samples, scores)], getattr(config.algorithm, "dynamic_sampling", False)
+        if dynamic:  # the first prompts_per_rollout groups with differing rewards
+            rollouts = self._sample_dynamically(rollouts, stage_step, timeout)
+        chosen = set(differing_groups(rollouts)[: len(batch)]) if dynamic else {s.group_id for s in samples}
+        kept = [s for round_samples, _ in rollouts for s in round_samples if s.group_id in chosen]
+        kept_scores = {k: [x for ss, sc in rollouts for s, x in zip(ss, sc[k], strict=True) if s.group_id in chosen]
+                       for k in scores}  # fmt: skip
+        advantages, advantage_stats = self._advantages([s.example.prompt for s in kept], kept_scores)
+        train_parts = c.group.scatter(TrainWorker.train, rank_advantages(rollouts, chosen, advantages, workers),
+                                      stage_step, timeout=timeout)  # fmt: skip
+        metrics = reward_metrics(kept_scores) | advantage_stats | reduce_metrics(train_parts)
         metrics["seconds_rollout"] = max(r["seconds_rollout"] for r in results)
         metrics["seconds_reward"] = max(r["seconds_reward"] for r in results)
-        metrics["images_per_s"] = len(samples) / (time.perf_counter() - started)
-        if last:  # only the grid's outputs came back
+        metrics["images_per_s"] = sum(len(ss) for ss, _ in rollouts) / (time.perf_counter() - started)
+        if dynamic:
+            metrics["gen_batches"] = float(len(rollouts))
+        if last:  # only the grid's outputs came back (of the step's first rollout)
             outputs = {sample_id: output for r in results for sample_id, output in r["outputs"].items()}
             self.last_outputs = ([outputs[s.sample_id] for s in grid], [b.prompt for b in batch[: config.grid_prompts]])
             self.last_rows = sample_rows(samples, grid, outputs, scores)
         return metrics
+
+    def _roll_out(self, samples: list, stage_step: int, grid_ids: list[str], timeout: float,
+                  extend: bool = False) -> tuple[list[dict], dict[str, list[float]]]:  # fmt: skip
+        """The ranks roll out and score their shares of `samples`: (their results, the scores in sample order)."""
+        c = self.controller
+        results = c.group.scatter(TrainWorker.rollout, split_even(samples, c.workers), stage_step, grid_ids, extend,
+                                  timeout=timeout)  # fmt: skip
+        return results, {k: [x for r in results for x in r["rewards"][k]] for k in results[0]["rewards"]}
+
+    def _sample_dynamically(self, rollouts: list, stage_step: int, timeout: float) -> list:
+        """DAPO's dynamic sampling: more rollouts of `prompts_per_rollout` new prompts, each kept on the ranks after
+        the step's earlier ones, until that many groups have differing total rewards (`train.algorithm`
+        `max_gen_batches` rollouts at most: past it, a UserError)."""
+        c = self.controller
+        config, most = c.config, c.config.algorithm.max_gen_batches
+        wanted = config.data.prompts_per_rollout
+        while len(differing_groups(rollouts)) < wanted:
+            if most and len(rollouts) >= most:
+                raise DynamicSamplingError(
+                    f"step {c.progress.step}: {len(differing_groups(rollouts))} of {wanted} groups with differing "
+                    f"rewards after train.algorithm.max_gen_batches={most} rollouts; the prompts are too hard or too "
+                    "easy for the policy: filter them, or raise max_gen_batches (0: no limit)"
+                )
+            first = stage_step * wanted + len(rollouts) * EXTRA_GROUP_IDS  # ids apart from every step's first rollout
+            samples = expand_groups(c.source.next_batch(), config.sampling.samples_per_prompt, first_group_id=first)
+            rollouts.append((samples, self._roll_out(samples, stage_step, [], timeout, extend=True)[1]))
+        return rollouts
+
+    def _advantages(self, prompts: list[str], scores: dict[str, list[float]]) -> tuple[np.ndarray, dict]:
+        config, group = self.controller.config, self.controller.config.sampling.samples_per_prompt
+        if config.reward.normalize != "total":
+            return per_reward_advantages(config.algorithm, prompts, scores, config.reward.weights, group,
+                                         config.reward.normalize)  # fmt: skip
+        return compute_advantages(config.algorithm, self.controller.advantage_tracker, prompts, scores["total"], group)
 
     def after_steps(self, deadline: float) -> dict[str, Any]:
         """The last step's sample grid, and the evaluation grid when due."""
@@ -146,6 +181,31 @@ class RLRound(RoundStrategy):
         if every and ((c.round.index + 1) % every == 0 or c.round == rl_rounds[-1]):
             summary["eval_samples"] = c.grids.evaluate(c.round.end - 1, deadline - time.monotonic())
         return summary
+
+
+EXTRA_GROUP_IDS = 1 << 40  # group ids of a step's later rollouts: first_group_id + k x this
+
+
+class DynamicSamplingError(UserError):
+    """Dynamic sampling kept too few groups with differing rewards within `max_gen_batches` rollouts."""
+
+
+def differing_groups(rollouts: list) -> list[int]:
+    """The group ids, in rollout order, whose total rewards are not all equal (population std > 0; a group of
+    one sample counts, as in veRL)."""
+    totals: dict[int, list[float]] = {}
+    for samples, scores in rollouts:
+        for sample, total in zip(samples, scores["total"], strict=True):
+            totals.setdefault(sample.group_id, []).append(total)
+    return [g for g, values in totals.items() if len(values) == 1 or np.std(values) > 0]
+
+
+def rank_advantages(rollouts: list, chosen: set[int], advantages: np.ndarray, workers: int) -> list[list[float]]:
+    """Each rank's advantages in the order of the rows it keeps (its share of each rollout, rollout after rollout):
+    the chosen groups' values in order, NaN for the rest (outside the step's batch)."""
+    values = iter(advantages.tolist())
+    per_round = [[next(values) if s.group_id in chosen else float("nan") for s in samples] for samples, _ in rollouts]
+    return [[x for row in per_round for x in split_even(row, workers)[rank]] for rank in range(workers)]
 
 
 def sample_rows(samples: list, grid: list, outputs: dict, scores: dict[str, list[float]]) -> list[dict]:

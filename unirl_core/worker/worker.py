@@ -73,23 +73,24 @@ class TrainWorker(TorchWorker):
 
     # --- RL ---------------------------------------------------------------------------------------------------
 
-    def rollout(self, samples: list, step: int, want_outputs: list[str] = ()) -> dict[str, Any]:
+    def rollout(self, samples: list, step: int, want_outputs: list[str] = (), extend: bool = False) -> dict[str, Any]:
         """Roll out this rank's samples with the stack's rollout policy (the current weights; DiffusionNFT's old
-        policy) and score their outputs; the rollout stays here for `train`. Returns the reward components (lists in
-        sample order) and the outputs of the samples whose ids are in `want_outputs` (the sample grid's:
-        {sample id: output})."""
+        policy) and score their outputs; the rollout stays here for `train` (`extend`: after the step's earlier
+        ones, dynamic sampling's). Returns the reward components (lists in sample order) and the outputs of the
+        samples whose ids are in `want_outputs` (the sample grid's: {sample id: output})."""
         started = time.perf_counter()
         with self.stack.rollout_policy(), self.gathered():  # gathered inside: the rollout policy's weights
-            self._rollout = self.domain.rollout(self.policy, self.stack, samples, step)
+            rollout = self.domain.rollout(self.policy, self.stack, samples, step)
+        self._rollout = self._rollout.extend(rollout) if extend else rollout
         rolled = time.perf_counter()
-        outputs = self._rollout.outputs
+        outputs = rollout.outputs
         scores = self.rewards.score(
             outputs,
             [s.example.prompt for s in samples],
             [s.sample_id for s in samples],
             [s.example.metadata for s in samples],
         )
-        for name, values in getattr(self._rollout, "reward_terms", {}).items():  # the domain's own terms, weight 1
+        for name, values in getattr(rollout, "reward_terms", {}).items():  # the domain's own terms, weight 1
             scores[name] = np.asarray(values, dtype=np.float64)
             scores["total"] = scores["total"] + scores[name]
         wanted = set(want_outputs)

@@ -24,6 +24,17 @@ class ARRollout:
             self.reward_terms["overlong"] = overlong_terms(lengths, settings.max_new_tokens, settings.overlong_buffer,
                                                            settings.overlong_penalty)  # fmt: skip
 
+    def extend(self, other: ARRollout) -> ARRollout:
+        """This rollout then `other` (dynamic sampling's later rollouts of the same step), for one `stack.train`."""
+        joined = object.__new__(ARRollout)
+        joined.samples, joined.completions = (
+            self.samples + other.samples,
+            self.completions.extend(other.completions),
+        )
+        joined.outputs = self.outputs + other.outputs
+        joined.reward_terms = {k: v + other.reward_terms[k] for k, v in self.reward_terms.items()}
+        return joined
+
 
 def overlong_terms(lengths: list[int], max_new_tokens: int, buffer: int, penalty: float) -> list[float]:
     """DAPO's soft overlong punishment: 0 up to max_new_tokens - buffer tokens, then falling linearly to -penalty

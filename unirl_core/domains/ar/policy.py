@@ -35,10 +35,35 @@ class Completions:
     truncated: list[bool]  # reached max_new_tokens without an end
     vision: dict = field(default_factory=dict)  # a VLM's image inputs (pixel_values, ...), one entry per image
     has_image: list[bool] = field(default_factory=list)  # row i's prompt carries an image (in row order)
+    pad: int = 0  # the tokenizer's pad token id (what `extend` pads with)
 
     @property
     def lengths(self) -> torch.Tensor:
         return self.mask.sum(-1)
+
+    def extend(self, other: Completions) -> Completions:
+        """These rows then `other`'s (dynamic sampling's later rollouts), prompts left-padded and completions
+        right-padded with the pad token to the longer of the two (masks 0, log-probs 0 there)."""
+        pad = self.pad
+        width, length = (
+            max(self.prompt_ids.shape[1], other.prompt_ids.shape[1]),
+            max(self.ids.shape[1], other.ids.shape[1]),
+        )
+
+        def left(t, value):
+            return torch.nn.functional.pad(t, (width - t.shape[1], 0), value=value)
+
+        def right(t, value):
+            return torch.nn.functional.pad(t, (0, length - t.shape[1]), value=value)
+
+        pairs = (self, other)
+        vision = {k: torch.cat([c.vision[k] for c in pairs if k in c.vision]) for k in {*self.vision, *other.vision}}
+        return Completions(torch.cat([left(c.prompt_ids, pad) for c in pairs]),
+                           torch.cat([left(c.prompt_mask, 0) for c in pairs]),
+                           torch.cat([right(c.ids, pad) for c in pairs]), torch.cat([right(c.mask, 0) for c in pairs]),
+                           torch.cat([right(c.logp, 0.0) for c in pairs]), self.texts + other.texts,
+                           self.truncated + other.truncated, vision,
+                           self.has_image + other.has_image, pad)  # fmt: skip
 
     def vision_of(self, index) -> dict:
         """The image inputs of rows `index` (in row order), or {} when none of them has an image."""
@@ -193,7 +218,8 @@ class LMPolicy:
         ids, completion_mask = torch.stack(tokens, 1), torch.stack(alive_masks, 1).long()
         texts = self.tokenizer.batch_decode(ids.masked_fill(completion_mask == 0, pad), skip_special_tokens=True)
         return Completions(prompt_ids, prompt_mask, ids, completion_mask, torch.stack(logps, 1), texts,
-                           live.tolist(), vision, [image is not None for image in images or [None] * rows])  # fmt: skip
+                           live.tolist(), vision, [image is not None for image in images or [None] * rows],
+                           pad)  # fmt: skip
 
     def positions(self, ids: torch.Tensor, mask: torch.Tensor, vision: dict) -> torch.Tensor:
         """Position ids of `ids` (left-padded, `mask`): [B, L], or a Qwen-VL model's [3, B, L] (vision.py)."""
