@@ -415,7 +415,7 @@ def _train_rounds(recipe, local: bool = False) -> None:
     )
     rewards: list[float] = []
     with console.CommandProgress(train_steps=rounds[-1].end if rounds else 0, prefect=not local) as display:
-        show = _step_rows(display, rewards)
+        show = _step_rows(display, rewards, domain_class(config.domain.name).outputs)
         summary = _train_summary(recipe, local, show)
     for entry in summary.rounds:
         state = "already committed" if entry.skipped else f"{entry.seconds or 0:.1f} s"
@@ -442,9 +442,12 @@ def _kept_checkpoint(config) -> str:
     return f"kept checkpoint {latest.name} ({latest})" if latest else "no checkpoint committed yet"
 
 
-def _step_rows(display: console.CommandProgress, rewards: list[float]):
+def _step_rows(display: console.CommandProgress, rewards: list[float], outputs: str | None = "image"):
     """A listener printing one line per training step (the header before the first RL step), above the progress
-    display; RL rewards are collected in `rewards` for the trend."""
+    display; RL rewards are collected in `rewards` for the trend. `outputs`: the domain's (`text`: completions per
+    second are headed `txt/s`)."""
+    headers = [header for header, _ in TRAIN_COLUMNS.values()]
+    headers[-1] = "txt/s" if outputs == "text" else headers[-1]
 
     def show(kind: str, row) -> None:
         if kind == "train_eval":  # a `train.eval` point
@@ -457,7 +460,8 @@ def _step_rows(display: console.CommandProgress, rewards: list[float]):
             display.line(f"  warm-up step {row['step']:>4}  loss {row['warmup_loss']:.4f}  lr {row['warmup_lr']:.2e}")
             return
         if not rewards:
-            display.line("  " + "  ".join(f"{header:>{len(fmt.format(0))}}" for header, fmt in TRAIN_COLUMNS.values()))
+            widths = [len(fmt.format(0)) for _, fmt in TRAIN_COLUMNS.values()]
+            display.line("  " + "  ".join(f"{header:>{width}}" for header, width in zip(headers, widths, strict=True)))
         rewards.append(row["reward_mean"])
         cells = "  ".join(fmt.format(row.get(key, float("nan"))) for key, (_, fmt) in TRAIN_COLUMNS.items())
         display.line(f"  {cells}")

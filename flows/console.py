@@ -33,6 +33,7 @@ PREFECT_LOGGING = Path(__file__).with_name("logging.yml")
 # Set for every command unless the user chose otherwise: no telemetry from anything we start (Prefect's client and
 # its temporary server, MLflow, Ray, the Hugging Face hub), and a Prefect start-up that outlasts a first database
 # migration on a slow machine (about 20 s, exactly Prefect's default timeout).
+PREFECT_DATABASE_ENV = ("PREFECT_SERVER_DATABASE_CONNECTION_URL", "PREFECT_API_DATABASE_CONNECTION_URL")
 ENV_DEFAULTS = {
     "DO_NOT_TRACK": "1",
     "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
@@ -79,6 +80,23 @@ class LogFile(logging.FileHandler):
         return super()._open()
 
 
+DATABASE_SET_ENV = "UNIRL_PREFECT_DATABASE"  # the database URL unirl set (not a user's: a later command resets it)
+
+
+def workspace_prefect_database() -> None:
+    """Prefect's history (its server's database, temporary or `unirl serve`'s) per workspace, like MLflow's, unless
+    the user chose a Prefect home or database; the Prefect home (profiles) stays the user's."""
+    chosen = [n for n in ("PREFECT_HOME", *PREFECT_DATABASE_ENV) if os.environ.get(n)]
+    if any(os.environ[n] != os.environ.get(DATABASE_SET_ENV) for n in chosen):  # a user's choice stands
+        return
+    from unirl_core.workspace import workspace
+
+    database = workspace().root.resolve() / "prefect" / "prefect.db"
+    database.parent.mkdir(parents=True, exist_ok=True)
+    url = f"sqlite+aiosqlite:///{database}"
+    os.environ["PREFECT_SERVER_DATABASE_CONNECTION_URL"] = os.environ[DATABASE_SET_ENV] = url
+
+
 def prepare(command: str, verbose_: bool = False) -> Path | None:
     """Set up the console script's process for `command`; returns the log file (None under --verbose, or inside
     another program: its logging and environment stay as they are)."""
@@ -95,6 +113,7 @@ def prepare(command: str, verbose_: bool = False) -> Path | None:
 
     for name, value in ENV_DEFAULTS.items():
         os.environ.setdefault(name, value)
+    workspace_prefect_database()
     if not os.environ.get("PREFECT_API_URL") and command != "serve":
         served = running_prefect_api()
         if served:  # `unirl serve` runs: its server, not a temporary one (no start-up wait, runs in its UI)

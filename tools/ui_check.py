@@ -41,10 +41,15 @@ from ui_pages import (  # noqa: E402  (the page checks: tools/ui_pages.py)
     Element,
     Verdict,
     artifact_list,
+    axis_reads_values,
+    charts_lead_with,
+    legible_image,
     mlflow_prefect_link,
     mlflow_run,
+    model_training_side,
     parse,
     pipeline_summary,
+    prefect_api_tag,
     prefect_flow_run,
     prefect_mlflow_link,
     registered_model,
@@ -52,12 +57,17 @@ from ui_pages import (  # noqa: E402  (the page checks: tools/ui_pages.py)
     sample_image,
 )
 
+from unirl_core.tracking.mlflow_ui import MIN_GRID_WIDTH, metric_key, page_url  # noqa: E402
+
 DEMO = "pipeline_demo"  # the demo recipe's name: its run name and output folder
 MODEL, ALIAS = f"unirl-{DEMO}", "candidate"  # the model version the demo registers, and its alias
-CHART_FILTER = "^(reward_mean|samples)$"  # the run's chart search (a regex): the reward chart and the samples card
+REWARD, LOSS = metric_key("reward_mean"), metric_key("loss")  # their MLflow keys (reward/reward_mean, train/loss)
+# the run's chart search (a regex, on the key or the title): the reward and loss charts and the samples card
+CHART_FILTER = "^(reward/reward_mean|reward_mean|train/loss|loss|samples)$"
 NO_RUN, NO_UUID = "0" * 32, "00000000-0000-0000-0000-000000000000"  # ids of nothing, for --break
-BREAKABLE = ("prefect-pipeline-run", "prefect-pipeline-summary", "mlflow-run-charts", "mlflow-sample-image",
-             "mlflow-artifacts", "mlflow-registered-model", "mlflow-run-overview", "prefect-train-summary")  # fmt: skip
+BREAKABLE = ("prefect-pipeline-run", "prefect-pipeline-summary", "mlflow-chart-order", "mlflow-run-charts",
+             "mlflow-sample-image", "mlflow-artifacts", "mlflow-registered-model", "mlflow-run-overview",
+             "prefect-train-summary")  # fmt: skip
 
 
 # ---------------------------------------------------------------- the browser: Chromium over the DevTools protocol
@@ -170,10 +180,16 @@ class Demo:
     pipeline_run: tuple[str, str]  # (id, name) of the pipeline flow run
     pipeline_summary: str  # artifact ids
     train_summary: str
+    prefect_api_url: str = ""  # the training run's tag: the Prefect API its flow run ran against
 
     @property
     def run_url(self) -> str:
-        return f"{self.mlflow_url}/#/experiments/{self.experiment_id}/runs/{self.run_id}"
+        """The run page as every link of ours opens it: on the UI's machine-learning side."""
+        return self.run_tab("")
+
+    def run_tab(self, tab: str, run_id: str | None = None) -> str:
+        route = f"experiments/{self.experiment_id}/runs/{run_id or self.run_id}/{tab}"
+        return page_url(self.mlflow_url, route.rstrip("/"))
 
 
 @dataclass(frozen=True)
@@ -187,7 +203,7 @@ class Page:
 
 def pages(demo: Demo) -> list[Page]:
     """The pages that need no link followed, in order."""
-    d, run = demo, demo.run_url
+    d = demo
     first_grid = next(a for a in d.artifacts if a.startswith("samples/"))
     pipeline_id, pipeline_name = d.pipeline_run
     return [
@@ -199,31 +215,49 @@ def pages(demo: Demo) -> list[Page]:
              f"{d.prefect_url}/artifacts/artifact/{NO_UUID}",
              (("Prefect pipeline-summary artifact: stage table and model",
                lambda p: pipeline_summary(p, ("ingest", "precache", "train"), MODEL, ALIAS)),)),
-        Page("mlflow-run-charts", f"{run}/model-metrics", f"{run.replace(d.run_id, NO_RUN)}/model-metrics",
-             (("MLflow reward_mean chart plots every logged step", lambda p: reward_chart(p, "reward_mean",
-                                                                                          d.reward_points)),
+        Page("mlflow-chart-order", d.run_tab("model-metrics"), d.run_tab("model-metrics", NO_RUN),
+             (("MLflow's charts tab leads with the reward chart", lambda p: charts_lead_with(p, REWARD)),),
+             CLOSE_ASSISTANT),
+        Page("mlflow-run-charts", d.run_tab("model-metrics"), d.run_tab("model-metrics", NO_RUN),
+             (("MLflow reward chart plots every logged step", lambda p: reward_chart(p, REWARD, d.reward_points)),
+              ("MLflow loss axis prints distinct values", lambda p: axis_reads_values(p, LOSS)),
               ("MLflow image card shows a loaded sample grid", lambda p: sample_image(p, d.run_id))),
              FILTER_CHARTS),
-        Page("mlflow-sample-image", f"{run}/model-metrics", f"{run.replace(d.run_id, NO_RUN)}/model-metrics",
+        Page("mlflow-sample-image", d.run_tab("model-metrics"), d.run_tab("model-metrics", NO_RUN),
              (("MLflow image card, enlarged, shows the sample grid",
-               lambda p: sample_image(p.find(role="dialog") or Element("none", {}), d.run_id)),), OPEN_SAMPLES),
-        Page("mlflow-artifacts", f"{run}/artifacts/{first_grid}", f"{run.replace(d.run_id, NO_RUN)}/artifacts",
+               lambda p: sample_image(p.find(role="dialog") or Element("none", {}), d.run_id)),
+              (f"that grid is at least {MIN_GRID_WIDTH} px wide",
+               lambda p: legible_image(p.find(role="dialog") or Element("none", {}), d.run_id, MIN_GRID_WIDTH))),
+             OPEN_SAMPLES),
+        Page("mlflow-artifacts", d.run_tab(f"artifacts/{first_grid}"), d.run_tab("artifacts", NO_RUN),
              (("MLflow artifacts list the sample grids and recipe.yaml",
-               lambda p: artifact_list(p, d.artifacts, first_grid)),), CLOSE_ASSISTANT),
-        Page("mlflow-registered-model", f"{d.mlflow_url}/#/models/{MODEL}/versions/{d.version}",
-             f"{d.mlflow_url}/#/models/{MODEL}/versions/999",
+               lambda p: artifact_list(p, d.artifacts, first_grid)),
+              (f"the grid previewed is at least {MIN_GRID_WIDTH} px wide",
+               lambda p: artifact_width(p, first_grid))), CLOSE_ASSISTANT),
+        Page("mlflow-registered-model", page_url(d.mlflow_url, f"models/{MODEL}/versions/{d.version}"),
+             page_url(d.mlflow_url, f"models/{MODEL}/versions/999"),
              (("MLflow model version: alias, description, signature",
                lambda p: registered_model(p, MODEL, ALIAS, d.description)),), CLOSE_ASSISTANT),
     ]  # fmt: skip
+
+
+def artifact_width(page: Element, previewed: str) -> Verdict:
+    """The artifact view's preview of `previewed` is a grid at least MIN_GRID_WIDTH pixels wide."""
+    widths = [int(img.attrs.get("data-natural-width") or 0) for img in page.find_all("img", alt=previewed)]
+    widest = max(widths, default=0)
+    return Verdict(widest >= MIN_GRID_WIDTH, f"{previewed} previewed {widest} px wide (want >= {MIN_GRID_WIDTH})")
 
 
 def linked_pages(demo: Demo) -> list[tuple[Page, Page]]:
     """(a page with a link, the page it opens), each checked in turn: the link's page URL is the href found."""
     d = demo
     return [
-        (Page("mlflow-run-overview", d.run_url, d.run_url.replace(d.run_id, NO_RUN),
-              (("MLflow run description links its Prefect flow run",
-                lambda p: mlflow_prefect_link(p, d.flow_run_url, d.flow_run_name)),), CLOSE_ASSISTANT),
+        (Page("mlflow-run-overview", d.run_url, d.run_tab("", NO_RUN),
+              (("MLflow opens the experiment as model training", model_training_side),
+               ("MLflow run shows the Prefect API its flow run ran against",
+                lambda p: prefect_api_tag(p, d.prefect_api_url)),
+               ("MLflow run description links its Prefect flow run",
+                lambda p: mlflow_prefect_link(p, d.flow_run_url, d.flow_run_name))), CLOSE_ASSISTANT),
          Page("prefect-linked-flow-run", "", "",
               (("that link opens the Prefect train flow run",
                 lambda p: prefect_flow_run(p, d.flow_run_name, "train", d.pipeline_run[1], "(rl round 0): reward")),))),
@@ -325,10 +359,11 @@ def read_demo(prefect_url: str, mlflow_url: str) -> Demo:
     pipeline_run, summaries = read_prefect(f"{prefect_url}/api")
     return Demo(
         prefect_url=prefect_url, mlflow_url=mlflow_url, run_id=run_id, experiment_id=run.info.experiment_id,
-        reward_points=len(client.get_metric_history(run_id, "reward_mean")), artifacts=(*grids, "recipe.yaml"),
+        reward_points=len(client.get_metric_history(run_id, REWARD)), artifacts=(*grids, "recipe.yaml"),
         version=version.version, description=version.description or "",
         flow_run_url=run.data.tags.get("prefect.flow_run_url", ""),
         flow_run_name=run.data.tags.get("prefect.flow_run_name", ""),
+        prefect_api_url=run.data.tags.get("prefect.api_url", ""),
         pipeline_run=pipeline_run, pipeline_summary=summaries["pipeline-summary"],
         train_summary=summaries["train-summary"],
     )  # fmt: skip

@@ -111,26 +111,43 @@ def loaded(img: Element) -> bool:
     return (img.attrs.get("data-natural-width") or "0").isdigit() and int(img.attrs["data-natural-width"]) > 0
 
 
+def chart_cards(page: Element) -> list[tuple[str, Element]]:
+    """(title, card) of each chart card, in page order; a card titled by its heading (MLflow titles a chart by the
+    key's last part: `reward/reward_mean` -> `reward_mean`)."""
+    cards = page.find_all(data_testid="experiment-view-compare-runs-card")
+    return [(heading.attrs.get("title", ""), c) for c in cards if (heading := c.find("h4")) is not None]
+
+
+def chart_card(page: Element, metric: str) -> Element | None:
+    """The chart card of metric key `metric`, titled with the key or its last part."""
+    titles = {metric, metric.rpartition("/")[2]}
+    return next((card for title, card in chart_cards(page) if title in titles), None)
+
+
 def reward_chart(page: Element, metric: str, logged: int) -> Verdict:
-    """The chart card titled `metric` plots one marker per logged step (plotly's `path.point`s; its line drops
+    """The chart card of `metric` plots one marker per logged step (plotly's `path.point`s; its line drops
     points it can interpolate, so markers are counted, in the card's fullest trace)."""
-    card = next((c for c in page.find_all(data_testid="experiment-view-compare-runs-card")
-                 if c.find("h4", title=metric)), None)  # fmt: skip
+    card = chart_card(page, metric)
     if card is None:
         return Verdict(False, f"no chart card titled {metric}")
     points = max((len(trace.find_all("path", cls="point")) for trace in card.find_all("g", cls="trace")), default=0)
     return Verdict(points == logged > 0, f"{metric} chart plots {points} points, {logged} steps logged")
 
 
-def sample_image(page: Element, run_id: str, key: str = "samples") -> Verdict:
-    """An <img> shows the grid logged under image key `key` by this run (MLflow's image card fetches
-    `get-artifact?path=images/<key>+step+...&run_uuid=<run>`) and has loaded."""
+def key_images(page: Element, run_id: str, key: str) -> list[Element]:
+    """The <img>s of the grids logged under image key `key` by this run (MLflow's image card fetches
+    `get-artifact?path=images/<key>+step+...&run_uuid=<run>`)."""
 
     def logged_by_run(img: Element) -> bool:
         query = parse_qs(urlparse(img.attrs.get("src", "")).query)
         return query.get("run_uuid") == [run_id] and query.get("path", [""])[0].startswith(f"images/{key}+step+")
 
-    images = [img for img in page.find_all("img") if logged_by_run(img)]
+    return [img for img in page.find_all("img") if logged_by_run(img)]
+
+
+def sample_image(page: Element, run_id: str, key: str = "samples") -> Verdict:
+    """An <img> shows the grid logged under image key `key` by this run and has loaded."""
+    images = key_images(page, run_id, key)
     shown = sum(map(loaded, images))
     if not images:
         return Verdict(False, f"no image of key {key!r} from run {run_id[:8]}")
@@ -237,3 +254,53 @@ def mlflow_run(page: Element, run_id: str, run_name: str) -> Verdict:
     if shown_id is None or run_id not in shown_id.text():
         return Verdict(False, f"run id {run_id} not shown")
     return Verdict(True, f"run {run_name} ({run_id})")
+
+
+def charts_lead_with(page: Element, metric: str) -> Verdict:
+    """The run's charts tab shows the chart of `metric` first (MLflow orders the charts by section and key)."""
+    cards = chart_cards(page)
+    if not cards:
+        return Verdict(False, "no chart cards")
+    first = cards[0][0]
+    ok = first in (metric, metric.rpartition("/")[2])
+    return Verdict(ok, f"the first of {len(cards)} charts is {first!r}" + ("" if ok else f" (want {metric!r})"))
+
+
+def axis_reads_values(page: Element, metric: str) -> Verdict:
+    """The y axis of `metric`'s chart prints distinct tick labels (not "0, 0, 0": a range of float noise)."""
+    card = chart_card(page, metric)
+    if card is None:
+        return Verdict(False, f"no chart card titled {metric}")
+    ticks = [tick.text() for tick in card.find_all("g", cls="ytick")]
+    ok = len(ticks) >= 2 and len(set(ticks)) == len(ticks)
+    return Verdict(ok, f"{metric} y axis reads {', '.join(ticks) or 'nothing'}")
+
+
+def legible_image(page: Element, run_id: str, min_width: int, key: str = "samples") -> Verdict:
+    """The loaded grid of image key `key` from this run is at least `min_width` pixels wide (its natural width:
+    the captions drawn at a readable size)."""
+    found = sample_image(page, run_id, key)
+    if not found.ok:
+        return found
+    widest = max(int(img.attrs["data-natural-width"]) for img in key_images(page, run_id, key) if loaded(img))
+    return Verdict(widest >= min_width, f"the {key!r} grid is {widest} px wide (want >= {min_width})")
+
+
+def model_training_side(page: Element) -> Verdict:
+    """MLflow shows the experiment on its machine-learning side: the sidebar lists "Runs", not the GenAI side's
+    "Evaluation runs" and "Traces" overview."""
+    nav = page.find_all("nav")
+    labels = {e.text() for n in nav for e in n.iter() if e.tag in ("a", "span", "div", "li")}
+    if "Evaluation runs" in labels:
+        return Verdict(False, "the sidebar lists 'Evaluation runs' (the GenAI side)")
+    if "Runs" not in labels:
+        return Verdict(False, "the sidebar lists no 'Runs'")
+    return Verdict(True, "the sidebar lists Runs (machine learning)")
+
+
+def prefect_api_tag(page: Element, api_url: str) -> Verdict:
+    """The MLflow run shows its `prefect.api_url` tag: the Prefect API its flow run ran against."""
+    if not api_url:
+        return Verdict(False, "the run has no prefect.api_url tag")
+    shown = page.find("span", title=api_url) is not None or api_url in page.text()
+    return Verdict(shown, f"prefect.api_url {api_url} " + ("shown" if shown else "not shown"))

@@ -115,6 +115,7 @@ def test_unirl_train_demo_llm_local_exports_a_model_transformers_loads_and_unirl
                                       f"train.output_dir={tmp_path}/out"])  # fmt: skip
     assert result.exit_code == 0, result.output
     assert "training causal LM (tiny:qwen3)" in result.stdout and "rl round 0: steps 0-1" in result.stdout
+    assert "txt/s" in result.stdout and "img/s" not in result.stdout  # completions per second
     assert "registered model: unirl-demo_llm version" in result.stdout
     export = tmp_path / "out" / "export" / "step_00000001"
     model, tokenizer = AutoModelForCausalLM.from_pretrained(export), AutoTokenizer.from_pretrained(export)

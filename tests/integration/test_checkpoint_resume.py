@@ -12,6 +12,7 @@ from local_training import comparable, on_one_rank, train_locally
 
 from unirl_core.config import load_recipe
 from unirl_core.models.registry import build_family
+from unirl_core.tracking.mlflow_ui import metric_key
 from unirl_core.worker.checkpoint import CheckpointError, CheckpointManager, ModelState, OptimizerState, RankCheckpoint
 
 pytestmark = pytest.mark.slow
@@ -65,7 +66,9 @@ def test_a_run_stopped_mid_way_resumes_with_exactly_the_uninterrupted_steps(tmp_
     assert comparable(first[:2] + resumed) == comparable(straight)  # bitwise: rewards, losses, ratios, lr
     rows, history = logged_steps(tmp_path / "b")  # exactly once: step 2 ran twice, is logged once
     assert rows == [0, 1, 2, 3, 4]
-    assert history["reward_mean"] == [0, 1, 2, 3, 4] and all(steps == sorted(set(steps)) for steps in history.values())
+    assert history[metric_key("reward_mean")] == [0, 1, 2, 3, 4] and all(
+        steps == sorted(set(steps)) for steps in history.values()
+    )
     a, b = (CheckpointManager(tmp_path / name / "checkpoints").latest() for name in ("a", "b"))
     assert a.name == b.name == "step_00000004"
     weights_a, weights_b = trained_weights(train, a), trained_weights(train, b)
@@ -172,7 +175,7 @@ def test_a_damaged_checkpoint_is_refused_naming_the_file_or_replaced_by_the_prev
     again = json.loads((root / "step_00000003" / "trainer_state.json").read_text())["files"]
     assert again["__0_0.distcp"] == committed["__0_0.distcp"]  # trained again: the bytes it had when committed
     rows, history = logged_steps(tmp_path)
-    assert rows == [0, 1, 2, 3] and history["reward_mean"] == [0, 1, 2, 3]
+    assert rows == [0, 1, 2, 3] and history[metric_key("reward_mean")] == [0, 1, 2, 3]
     truncated = root / "step_00000003" / ".metadata"
     truncated.write_bytes(truncated.read_bytes()[:-10])
     with pytest.raises(CheckpointError, match=r"step_00000003/\.metadata: has \d+ bytes, \d+ were committed"):

@@ -17,6 +17,7 @@ from typer.testing import CliRunner
 
 from flows.cli import app
 from unirl_core.config import RecipeError, load_recipe
+from unirl_core.tracking.mlflow_ui import metric_key
 
 pytestmark = pytest.mark.slow
 
@@ -64,7 +65,7 @@ def test_unirl_train_local_trains_evaluates_exports_and_registers_the_token_poli
     client = mlflow.MlflowClient(mlflow_uri)
     (version,) = client.search_model_versions("name='unirl-recipe'")
     assert version.tags["family"] == "toy_tokens"
-    history = client.get_metric_history(version.run_id, "reward_mean")
+    history = client.get_metric_history(version.run_id, metric_key("reward_mean"))
     assert [(m.step, m.value) for m in history] == [(row["step"], row["reward_mean"]) for row in rows]
     assert client.get_run(version.run_id).data.params["domain.name"] == "toy_domain:TokenDomain"
 
@@ -100,7 +101,12 @@ def test_a_two_worker_ray_round_checkpoints_and_resumes_bitwise(ray_local, tmp_p
 
     client = mlflow.MlflowClient(mlflow_uri)
     (run,) = client.search_runs(client.get_experiment_by_name("unirl").experiment_id, "run_name = 'resumed'")
-    assert [m.step for m in client.get_metric_history(run.info.run_id, "reward_mean")] == [0, 1, 2, 3]  # once each
+    assert [m.step for m in client.get_metric_history(run.info.run_id, metric_key("reward_mean"))] == [
+        0,
+        1,
+        2,
+        3,
+    ]  # once each
 
 
 def test_the_domain_refuses_what_it_cannot_train():

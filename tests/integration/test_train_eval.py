@@ -13,6 +13,7 @@ import pytest
 from typer.testing import CliRunner
 
 from flows.cli import app
+from unirl_core.tracking.mlflow_ui import metric_key
 
 pytestmark = pytest.mark.slow
 
@@ -51,7 +52,7 @@ def test_eval_points_are_logged_on_the_step_axis_and_leave_training_unchanged(en
 
     client = MlflowClient(mlflow_uri)
     (mlflow_run,) = client.search_runs([client.get_experiment_by_name("unirl").experiment_id])
-    history = client.get_metric_history(mlflow_run.info.run_id, "eval/aesthetic/jpeg_compressibility")
+    history = client.get_metric_history(mlflow_run.info.run_id, metric_key("eval/aesthetic/jpeg_compressibility"))
     assert [m.step for m in history] == [0, 2, 4]
     points = {s: json.loads((run / "eval" / f"step_{s:08d}" / "point.json").read_text()) for s in (0, 2, 4)}
     assert [m.value for m in history] == [points[s]["metrics"]["aesthetic/jpeg_compressibility"]["mean"] for s in
@@ -81,7 +82,7 @@ def test_eval_points_are_logged_on_the_step_axis_and_leave_training_unchanged(en
     assert (run / "eval" / "step_00000002" / "point.json").stat().st_mtime_ns == kept
     recomputed = json.loads((run / "eval" / "step_00000004" / "point.json").read_text())
     assert recomputed["metrics"] == points[4]["metrics"]
-    history = client.get_metric_history(mlflow_run.info.run_id, "eval/aesthetic/jpeg_compressibility")
+    history = client.get_metric_history(mlflow_run.info.run_id, metric_key("eval/aesthetic/jpeg_compressibility"))
     assert [m.step for m in history] == [0, 2, 4]
 
 

@@ -19,6 +19,8 @@ import psutil
 import pytest
 import torch
 
+from unirl_core.tracking.mlflow_ui import legible_grid, metric_key
+
 RECIPE_OVERRIDES = [
     "train.warmup.steps=3",
     "train.warmup.batch_size=4",
@@ -120,9 +122,9 @@ def test_mlflow_has_params_metrics_images_inputs_and_the_registered_model(refere
     assert run.info.status == "FINISHED"
     assert run.data.params["algorithm.eta"] == "0.7"  # the flattened resolved recipe
     assert run.data.params["model.lora.target_modules"].startswith('["to_q"')
-    history = client.get_metric_history(run.info.run_id, "reward_mean")
+    history = client.get_metric_history(run.info.run_id, metric_key("reward_mean"))
     assert sorted({m.step for m in history}) == [3, 4, 5, 6]
-    assert len(client.get_metric_history(run.info.run_id, "warmup_loss")) == 3
+    assert len(client.get_metric_history(run.info.run_id, metric_key("warmup_loss"))) == 3
     assert run.data.tags["prefect.flow_run_id"]
     artifacts = [a.path for a in client.list_artifacts(run.info.run_id)]
     assert "images" in artifacts and "adapter" in artifacts
@@ -173,8 +175,9 @@ def test_mlflow_image_cards_open_on_a_grid_and_slide_over_one_per_round(referenc
         steps = sorted(int(p.split("+step+")[1].split("+")[0]) for p in images if p.startswith(f"images/{key}+"))
         assert steps == grids
     first = next(p for p in images if p.startswith("images/samples+step+0+"))
-    local = Image.open(summary.rounds[1].samples)
-    assert Image.open(client.download_artifacts(run_id, first, str(tmp_path))).tobytes() == local.tobytes()
+    local = legible_grid(Image.open(summary.rounds[1].samples))  # scaled up by a whole factor to >= 512 px wide
+    card = Image.open(client.download_artifacts(run_id, first, str(tmp_path)))
+    assert card.width >= 512 and card.tobytes() == local.tobytes()
     grids = [f"samples/{Path(r.samples).name}" for r in summary.rounds[1:]]
     tables = [f"samples/{Path(r.samples).name.split('_step_')[0]}.json" for r in summary.rounds[1:]]  # each round's
     assert [a.path for a in client.list_artifacts(run_id, "samples")] == sorted(grids + tables)  # samples as a table

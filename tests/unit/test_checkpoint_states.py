@@ -50,3 +50,18 @@ def test_a_full_load_restores_weights_and_optimizer(tmp_path):
         state, want = optimizer.state[parameter], source_optimizer.state[expected]
         assert state["step"].item() == want["step"].item() == 1
         assert torch.equal(state["exp_avg"], want["exp_avg"]) and torch.equal(state["exp_avg_sq"], want["exp_avg_sq"])
+
+
+def test_keys_added_since_a_checkpoint_was_written_keep_its_hash_at_their_absent_value():
+    """`train.reward.llm_judge` and the token algorithms' `dynamic_sampling` / `max_gen_batches` came after
+    checkpoints of these recipes were written (the hashes 5d0151b computed): at the value their absence meant, the
+    hash is unchanged, so those checkpoints resume; set otherwise, the hash changes (DAPO's dynamic sampling, now
+    on by default, refuses a checkpoint trained without it)."""
+    from unirl_core.config import load_recipe
+    from unirl_core.worker.checkpoint import config_hash
+
+    assert config_hash(load_recipe("demo", []).train) == "70e516967068d97f"
+    assert config_hash(load_recipe("demo_llm", []).train) == "735135dc6fbd5f9a"
+    dapo = load_recipe("demo_llm", ["train.algorithm.name=dapo"]).train
+    without = load_recipe("demo_llm", ["train.algorithm.name=dapo", "train.algorithm.dynamic_sampling=false"]).train
+    assert config_hash(dapo) != config_hash(without)

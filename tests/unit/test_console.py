@@ -115,3 +115,30 @@ def test_without_a_terminal_a_silence_becomes_a_line_saying_what_runs(monkeypatc
     assert "Prefect's temporary server" in lines[0]
     assert "  ... train: 0 of 24 steps" in before and "starting the round" in before
     assert piped.file.getvalue() == before  # stopped with the command
+
+
+def test_prefects_history_is_per_workspace_unless_the_user_chose_a_prefect_home_or_database(tmp_path, monkeypatch):
+    """`unirl` points Prefect's server database into the workspace ($UNIRL_HOME/prefect/prefect.db); the next command
+    in another workspace (a child process inherits the environment) moves it there; a user's PREFECT_HOME or
+    database stands."""
+    import os
+
+    from flows.console import DATABASE_SET_ENV, workspace_prefect_database
+
+    for name in ("PREFECT_HOME", "PREFECT_SERVER_DATABASE_CONNECTION_URL", "PREFECT_API_DATABASE_CONNECTION_URL",
+                 DATABASE_SET_ENV):  # fmt: skip
+        monkeypatch.delenv(name, raising=False)
+    for home in ("one", "two"):
+        monkeypatch.setenv("UNIRL_HOME", str(tmp_path / home))
+        workspace_prefect_database()
+        url = os.environ["PREFECT_SERVER_DATABASE_CONNECTION_URL"]
+        assert url == f"sqlite+aiosqlite:///{(tmp_path / home).resolve()}/prefect/prefect.db"
+        assert (tmp_path / home / "prefect").is_dir()
+    monkeypatch.setenv("PREFECT_SERVER_DATABASE_CONNECTION_URL", "postgresql+asyncpg://db/prefect")
+    workspace_prefect_database()
+    assert os.environ["PREFECT_SERVER_DATABASE_CONNECTION_URL"] == "postgresql+asyncpg://db/prefect"
+    monkeypatch.delenv("PREFECT_SERVER_DATABASE_CONNECTION_URL")
+    monkeypatch.delenv(DATABASE_SET_ENV)
+    monkeypatch.setenv("PREFECT_HOME", str(tmp_path / "mine"))
+    workspace_prefect_database()
+    assert "PREFECT_SERVER_DATABASE_CONNECTION_URL" not in os.environ

@@ -15,6 +15,7 @@ import yaml
 from PIL import Image
 
 REPO = Path(__file__).resolve().parents[2]
+ML = "?workflowType=machine_learning"  # the UI's machine-learning side (mlflow_ui.page_url)
 
 
 @pytest.fixture(scope="module")
@@ -175,10 +176,10 @@ def test_the_run_link_points_at_the_mlflow_ui_of_a_running_unirl_serve(tmp_path,
     record = {"pid": __import__("os").getpid(), "mlflow_url": "http://127.0.0.1:5055", "prefect_api_url": ""}
     workspace().serve_record.write_text(json.dumps(record))
     experiment = client.get_run(tracker.run_id).info.experiment_id
-    assert tracker.url() == f"http://127.0.0.1:5055/#/experiments/{experiment}/runs/{tracker.run_id}"
+    assert tracker.url() == f"http://127.0.0.1:5055/#/experiments/{experiment}/runs/{tracker.run_id}{ML}"
     assert run_url(tracker.run_id) == tracker.url()  # a finished training's re-run asks again (another port, ...)
     workspace().serve_record.write_text(json.dumps(record | {"mlflow_url": "http://127.0.0.1:5066"}))
-    assert run_url(tracker.run_id) == f"http://127.0.0.1:5066/#/experiments/{experiment}/runs/{tracker.run_id}"
+    assert run_url(tracker.run_id) == f"http://127.0.0.1:5066/#/experiments/{experiment}/runs/{tracker.run_id}{ML}"
     dead = subprocess.Popen(["true"])
     dead.wait()
     workspace().serve_record.write_text(json.dumps(record | {"pid": dead.pid}))

@@ -278,3 +278,77 @@ def test_break_names_the_pages_that_open_first_and_points_each_elsewhere():
     first = [*ui.pages(demo), *(source for source, _ in ui.linked_pages(demo))]
     assert [p.name for p in first] == list(ui.BREAKABLE)
     assert all(p.broken_url and p.broken_url != p.url for p in first)
+
+
+# ---------------------------------------------------------------- issue 36: what MLflow's UI makes of the runs
+
+REWARD, LOSS = "reward/reward_mean", "train/loss"  # their MLflow keys (unirl_core/tracking/mlflow_ui.py)
+
+
+def cards(*titles: str, ticks: tuple[str, ...] = ()) -> str:
+    """Chart cards as MLflow 3.17 draws them (a heading titled by the key's last part, plotly's y ticks)."""
+    tick_html = "".join(f'<g class="ytick"><text>{t}</text></g>' for t in ticks)
+    return "".join(f'<div data-testid="experiment-view-compare-runs-card"><h4 title="{t}">{t}</h4>'
+                   f'<svg><g class="yaxislayer-above">{tick_html}</g></svg></div>' for t in titles)  # fmt: skip
+
+
+def test_the_charts_tab_must_lead_with_the_reward_chart():
+    assert check(cards("reward_mean", "reward_std", "loss"), ui.charts_lead_with, REWARD).ok
+    verdict = check(cards("advantage_abs_max", "advantage_mean", "reward_mean"), ui.charts_lead_with, REWARD)
+    assert not verdict.ok and "'advantage_abs_max'" in verdict.detail  # the old alphabetical page
+    assert not check(SPINNER, ui.charts_lead_with, REWARD).ok
+
+
+def test_an_axis_must_print_distinct_values():
+    assert check(cards("loss", ticks=("-1.000000", "0.000000", "1.000000")), ui.axis_reads_values, LOSS).ok
+    verdict = check(cards("loss", ticks=("0", "0", "0")), ui.axis_reads_values, LOSS)
+    assert not verdict.ok and "0, 0, 0" in verdict.detail  # float noise on the axis
+    assert not check(cards("loss"), ui.axis_reads_values, LOSS).ok  # no axis drawn yet
+    assert not check(cards("reward_mean", ticks=("1", "2")), ui.axis_reads_values, LOSS).ok
+
+
+def test_the_enlarged_grid_must_be_wide_enough_to_read():
+    dialog = ui.parse(page("mlflow_sample_image")).find(role="dialog")
+    verdict = ui.legible_image(dialog, RUN_ID, 512)
+    assert not verdict.ok and "256 px" in verdict.detail  # the page saved before: a 256 px grid
+    wide = page("mlflow_sample_image").replace('data-natural-width="256"', 'data-natural-width="600"')
+    assert ui.legible_image(ui.parse(wide).find(role="dialog"), RUN_ID, 512).ok
+    unloaded = page("mlflow_sample_image").replace('data-natural-width="256"', 'data-natural-width="0"')
+    assert not ui.legible_image(ui.parse(unloaded).find(role="dialog"), RUN_ID, 512).ok
+
+
+def test_the_artifact_preview_must_be_wide_enough_to_read():
+    assert not check(page("mlflow_artifacts"), ui.artifact_width, GRIDS[0]).ok  # 160 px, saved before
+    wide = page("mlflow_artifacts").replace('data-natural-width="160"', 'data-natural-width="640"')
+    assert check(wide, ui.artifact_width, GRIDS[0]).ok
+
+
+GENAI_NAV = "<nav><ul><li><a>Overview</a></li><li><a>Traces</a></li><li><a>Evaluation runs</a></li></ul></nav>"
+ML_NAV = "<nav><ul><li><a>Runs</a></li><li><a>Models</a></li><li><a>Traces</a></li></ul></nav>"
+
+
+def test_the_experiment_must_open_on_the_model_training_side():
+    assert check(ML_NAV, ui.model_training_side).ok
+    assert "Evaluation runs" in check(GENAI_NAV, ui.model_training_side).detail
+    assert not check(SPINNER, ui.model_training_side).ok
+
+
+def test_the_run_must_show_the_prefect_api_it_ran_against():
+    api = "http://127.0.0.1:4311/api"
+    assert check(f'<span title="{api}">{api}</span>', ui.prefect_api_tag, api).ok
+    assert not check(page("mlflow_run_overview"), ui.prefect_api_tag, api).ok  # saved before the tag existed
+    assert not check(f'<span title="{api}">{api}</span>', ui.prefect_api_tag, "").ok
+
+
+def test_every_link_opens_mlflow_on_its_machine_learning_side():
+    demo = ui.Demo(prefect_url="http://p", mlflow_url="http://m", run_id=RUN_ID, experiment_id="1", reward_points=24,
+                   artifacts=(*GRIDS, "recipe.yaml"), version="1", description="", flow_run_url=FLOW_RUN_URL,
+                   flow_run_name="x", prefect_api_url="", pipeline_run=("a", "b"), pipeline_summary="s",
+                   train_summary="t")  # fmt: skip
+    urls = [p.url for p in ui.pages(demo) if p.url.startswith("http://m")]
+    urls += [source.url for source, _ in ui.linked_pages(demo) if source.url.startswith("http://m")]
+    assert len(urls) >= 6 and all(u.endswith("?workflowType=machine_learning") for u in urls), urls
+    assert (
+        demo.run_tab("model-metrics")
+        == f"http://m/#/experiments/1/runs/{RUN_ID}/model-metrics?workflowType=machine_learning"
+    )

@@ -728,7 +728,7 @@ class EvalGuardConfig(StrictModel):
 class TrainEvalConfig(StrictModel):
     """Scored evaluation during RL: prompt sets generated with fixed noise per prompt (eta 0, the training's
     sampler) and scored by named rewards, before the first RL step, every `every` steps and after the last; each
-    metric to MLflow as `eval/<set>/<reward>` on the step axis with its per-prompt table."""
+    metric to MLflow as `reward/eval/<set>/<reward>` on the step axis with its per-prompt table."""
 
     every: Annotated[Count, Field(ge=1)]
     """Evaluate every N RL steps (and before the first, and after the last)."""
@@ -847,7 +847,7 @@ class TrainConfig(StrictModel):
     """... and the first K samples of each. Only these images leave the ranks (a step's images stay there)."""
 
     eval: TrainEvalConfig | None = None
-    """Scored evaluation of prompt sets during RL (metrics `eval/<set>/<reward>`, the best step, guards). Empty:
+    """Scored evaluation of prompt sets during RL (metrics `eval/<set>/<reward>`, in MLflow `reward/eval/<set>/<reward>`, the best step, guards). Empty:
     none."""
 
     ema: EMAConfig | None = None

@@ -6,7 +6,7 @@
                                                point's commit record)
 
 A point L holds the weights before global step L trains: the first RL step (the model RL starts from), every
-`every` RL steps after it, and the end (after the last step). Each metric goes to MLflow as `eval/<set>/<reward>` at
+`every` RL steps after it, and the end (after the last step). Each metric goes to MLflow as `reward/eval/<set>/<reward>` at
 step L (the training reward of step L was measured on the same weights), its table as an artifact under
 `eval/step_<L>/`; tags `unirl.eval.best_step`/`unirl.eval.best` follow the best point of `train.eval.best`.
 

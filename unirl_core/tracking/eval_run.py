@@ -21,7 +21,8 @@ def log_evaluation(spec, report, timing: dict) -> str | None:
 
     folder = Path(spec.output_dir)
     tracker = RunTracker(folder, EXPERIMENT, f"eval-{report.key}",
-                         tags={"unirl.eval.key": report.key, "unirl.eval.model": spec.models[0].ref})  # fmt: skip
+                         tags={"unirl.eval.key": report.key, "unirl.eval.model": spec.models[0].ref},
+                         sectioned=False)  # fmt: skip
     params = {"model": spec.models[0].ref, "against": spec.models[1].ref if len(spec.models) > 1 else "",
               "prompts": spec.prompts, "prompts_sha256": spec.prompts_sha256[:16], "prompts_count": report.prompts,
               "rewards": ",".join(spec.rewards), "steps": spec.steps, "guidance": spec.guidance,

@@ -15,6 +15,7 @@ from typing import Any
 import mlflow
 from mlflow.tracking import MlflowClient
 
+from unirl_core.tracking.mlflow_ui import EXPERIMENT_KIND_TAG, MODEL_KINDS, MODEL_TRAINING_KIND
 from unirl_core.workspace import workspace
 
 
@@ -24,16 +25,21 @@ def tracking_uri() -> str:
 
 
 def ensure_experiment(name: str, uri: str | None = None) -> str:
-    """The id of experiment `name`, created with artifacts in the workspace when the store is local."""
+    """The id of experiment `name`, created with artifacts in the workspace when the store is local; created or
+    reused, it is a model-training experiment (`mlflow.experimentKind`, mlflow_ui.py), so MLflow's UI does not
+    take it for a GenAI one."""
     client = MlflowClient(uri or tracking_uri())
     found = client.get_experiment_by_name(name)
     if found is not None:
+        if found.tags.get(EXPERIMENT_KIND_TAG) not in MODEL_KINDS:  # made before the tag, or by someone else
+            client.set_experiment_tag(found.experiment_id, EXPERIMENT_KIND_TAG, MODEL_TRAINING_KIND)
         return found.experiment_id
     artifact_location = None
     if (uri or tracking_uri()).startswith("sqlite:"):
         ws = workspace().ensure()
         artifact_location = (ws.mlflow_artifacts / name).as_uri()
-    return client.create_experiment(name, artifact_location=artifact_location)
+    return client.create_experiment(name, artifact_location=artifact_location,
+                                    tags={EXPERIMENT_KIND_TAG: MODEL_TRAINING_KIND})  # fmt: skip
 
 
 @contextmanager

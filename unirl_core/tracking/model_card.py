@@ -10,6 +10,8 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 from datetime import UTC, datetime
 
+from unirl_core.tracking.mlflow_ui import metric_key
+
 FINAL_METRIC = "reward_mean"
 
 
@@ -28,7 +30,7 @@ class ModelCard:
 
     def result_line(self, run) -> str:
         """The final reward (the last logged step's `reward_mean`) and the inputs' digests."""
-        final = run.data.metrics.get(FINAL_METRIC)
+        final = run.data.metrics.get(metric_key(FINAL_METRIC))
         reward = f"final {FINAL_METRIC} {final:.4g}" if final is not None else f"no {FINAL_METRIC} logged"
         data = ", ".join(f"{d.dataset.name} `{d.dataset.digest[:12]}`" for d in run.inputs.dataset_inputs)
         return f"{reward}; data {data or 'not recorded'}"
@@ -45,7 +47,7 @@ class ModelCard:
         for key, name in (("unirl.version", "unirl.version"), ("mlflow.source.git.commit", "git_commit")):
             if key in run.data.tags:
                 tags[name] = run.data.tags[key]
-        if (final := run.data.metrics.get(FINAL_METRIC)) is not None:
+        if (final := run.data.metrics.get(metric_key(FINAL_METRIC))) is not None:
             tags[f"final_{FINAL_METRIC}"] = f"{final:.6g}"
         return description, tags
 

@@ -16,7 +16,7 @@ import time
 from collections.abc import Iterator, Mapping
 from typing import Any
 
-from unirl_core.tracking.run_tracker import PARENT_ENV
+from unirl_core.tracking.run_tracker import PARENT_ENV, prefect_link, reopen
 
 log = logging.getLogger("unirl.tracking")
 
@@ -27,6 +27,7 @@ class PipelineRun:
         self.key = hashlib.sha256(recipe_json.encode()).hexdigest()[:32]
         self.client = None
         self.run_id: str | None = None
+        self.idle_ms = 0  # a reopened run: its idle time so far (run_tracker.IDLE_TAG)
 
     def _guard(self, what: str, call, *args, **kwargs):
         if self.client is None or self.run_id is None:
@@ -42,7 +43,7 @@ class PipelineRun:
         from mlflow.tracking import MlflowClient
 
         from unirl_core.tracking.mlflow_runs import ensure_experiment, tracking_uri
-        from unirl_core.tracking.run_page import http_url, source_tags
+        from unirl_core.tracking.run_page import source_tags
 
         try:
             self.client = MlflowClient(tracking_uri())
@@ -50,25 +51,25 @@ class PipelineRun:
             found = self.client.search_runs([experiment_id], f"tags.`unirl.pipeline` = '{self.key}'", max_results=1)
             if found:
                 self.run_id = found[0].info.run_id
-                self.client.update_run(self.run_id, status="RUNNING")
+                self.idle_ms = reopen(self.client, self.run_id)  # a re-run: its duration leaves the gap out
             else:
                 self.run_id = self.client.create_run(experiment_id, run_name=f"{self.name} pipeline").info.run_id
         except Exception as exc:
             log.warning("MLflow unavailable (%s); the pipeline continues without its run", str(exc).splitlines()[0])
             self.client = None
             return None
-        tags = {k: v for k, v in self.tags.items() if not k.endswith("_url") or http_url(v)}
-        tags |= source_tags() | {"unirl.pipeline": self.key, "mlflow.note.content": self.note(tags)}
+        tags = prefect_link(self.tags) | source_tags()
+        tags |= {"unirl.pipeline": self.key, "mlflow.note.content": self.note(tags)}
         from mlflow.entities import RunTag
 
         self._guard("tags", lambda: self.client.log_batch(self.run_id, tags=[RunTag(k, v) for k, v in tags.items()]))
         return self.run_id
 
     def note(self, tags: Mapping[str, str]) -> str:
+        from unirl_core.tracking.run_page import prefect_line
+
         text = f"**{self.name}** pipeline: ingest -> precache -> train; the training run is its child run."
-        if url := tags.get("prefect.flow_run_url"):
-            text += f"\n\nPrefect flow run: [{tags.get('prefect.flow_run_name') or url}]({url})"
-        return text
+        return f"{text}\n\n{line}" if (line := prefect_line(tags)) else text
 
     def log_stage(self, stage: str, summary: Mapping[str, Any], seconds: float) -> None:
         """The stage's numbers (top-level numeric fields and numeric dict entries) as `<stage>/<field>` metrics."""
@@ -83,7 +84,8 @@ class PipelineRun:
         self._guard(artifact_file, lambda: self.client.log_text(self.run_id, text, artifact_file))
 
     def finish(self, status: str) -> None:
-        self._guard("run status", lambda: self.client.set_terminated(self.run_id, status))
+        end = int(time.time() * 1000) - self.idle_ms if self.idle_ms else None
+        self._guard("run status", lambda: self.client.set_terminated(self.run_id, status, end))
 
 
 def stage_metrics(stage: str, summary: Mapping[str, Any]) -> dict[str, float]:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import getpass
+import os
 import sys
 from collections.abc import Mapping
 from pathlib import Path
@@ -60,9 +61,23 @@ def run_description(recipe: Mapping[str, Any], run_name: str, tags: Mapping[str,
         "Images: `samples` (one grid per RL round: its last step's rollouts), `eval` (fixed prompts and noise); the "
         "slider counts grids, each grid names its step. The whole resolved recipe: artifact `recipe.yaml`.",
     ]
-    if url := http_url(tags.get("prefect.flow_run_url")):
-        lines += ["", f"Prefect flow run: [{tags.get('prefect.flow_run_name') or url}]({url})"]
+    if line := prefect_line(tags):
+        lines += ["", line]
     return "\n".join(lines)
+
+
+def prefect_line(tags: Mapping[str, str]) -> str:
+    """Where the run's Prefect flow run is: a link to its page when Prefect knew its UI, else its name and id and
+    the Prefect API it ran against (PREFECT_API_URL; unset: Prefect's temporary server, which `unirl serve`
+    replaces with one that keeps a UI and the history); "" without a flow run."""
+    name, run_id = tags.get("prefect.flow_run_name", ""), tags.get("prefect.flow_run_id", "")
+    if url := http_url(tags.get("prefect.flow_run_url")):
+        return f"Prefect flow run: [{name or url}]({url})"
+    if not run_id:
+        return ""
+    api = http_url(tags.get("prefect.api_url")) or http_url(os.environ.get("PREFECT_API_URL"))
+    where = f"on the Prefect API `{api}`" if api else "on Prefect's temporary server (`unirl serve` keeps a UI)"
+    return f"Prefect flow run: {name} (id `{run_id}`) {where}"
 
 
 def source_tags() -> dict[str, str]:

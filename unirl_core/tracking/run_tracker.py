@@ -10,7 +10,12 @@ What the run page shows (run_page.py): the recipe's defining knobs as params and
 `recipe.yaml`, a short description, source tags (git commit, command, user, unirl version), the sample grids under
 stable image keys, system metrics (CPU, memory, disk, network; GPU with nvidia-ml-py) while a round runs, and a
 registered model version with a description, tags and a signature. Inside a pipeline flow the run is a child of
-the pipeline's run (PARENT_ENV).
+the pipeline's run (PARENT_ENV). How the names, values and links suit MLflow's UI: mlflow_ui.py.
+
+Duration: MLflow shows a run's end time less its start time. A run reopened after it ended (a re-run) or after its
+process died (no metric, not even a system metric, for STALE_AFTER_S) was idle meanwhile: the idle time so far is
+kept in the tag `unirl.idle_seconds`, and the run ends at its true end less that time, so its duration is the
+time it ran.
 """
 
 from __future__ import annotations
@@ -19,12 +24,14 @@ import contextlib
 import json
 import logging
 import os
+import tempfile
 import time
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
 from unirl_core.io.storage import write_bytes_atomic
+from unirl_core.tracking.mlflow_ui import axis_value, legible_grid, metric_key, page_url
 from unirl_core.tracking.model_card import ModelCard
 from unirl_core.tracking.run_page import recipe_yaml
 
@@ -44,6 +51,8 @@ RUN_FILE = "mlflow_run.json"
 MAX_PARAM_LENGTH = 6000
 PARENT_ENV = "UNIRL_MLFLOW_PARENT_RUN_ID"  # set by pipeline_run(): runs created meanwhile nest under it
 SYSTEM_METRICS_INTERVAL_S = 10.0  # one sample of CPU/memory/disk/network (and GPU) every 10 s
+IDLE_TAG = "unirl.idle_seconds"  # time the run spent ended or dead before a reopening (not in its duration)
+STALE_AFTER_S = 300.0  # a RUNNING run with no metric for this long was left by a dead process
 
 
 def flatten(value: Any, prefix: str = "") -> dict[str, str]:
@@ -58,8 +67,12 @@ def flatten(value: Any, prefix: str = "") -> dict[str, str]:
 
 
 class RunTracker:
-    def __init__(self, output_dir: str | Path, experiment: str, run_name: str, tags: Mapping[str, str] | None = None):
+    def __init__(self, output_dir: str | Path, experiment: str, run_name: str, tags: Mapping[str, str] | None = None,
+                 sectioned: bool = True):  # fmt: skip
+        """`sectioned`: training metrics, logged under their chart sections (mlflow_ui.metric_key); False: as
+        named (an evaluation's `<reward>/<model>/mean`)."""
         self.output_dir, self.experiment, self.run_name = Path(output_dir), experiment, run_name
+        self.key = metric_key if sectioned else str
         self.tags = dict(tags or {})
         self.run_id: str | None = None
         self.failures = 0
@@ -68,6 +81,7 @@ class RunTracker:
         self.last_step: dict[str, int] = {}  # a reopened run: the last step MLflow holds per metric
         self.quiet_until = 0.0  # time.monotonic() before which no call is made (the server was out of reach)
         self.skipped = 0  # calls left out while quiet
+        self.idle_ms = 0  # a reopened run: its idle time so far (IDLE_TAG)
 
     # every call below goes through here; `call`: a client method name, or a function; `always`: tried even in a
     # quiet period (one-off calls a user looks for: the registered model, the run's end)
@@ -118,7 +132,7 @@ class RunTracker:
             if record.is_file():
                 self.run_id = json.loads(record.read_text())["run_id"]
                 self.reopened = True  # even when the server does not answer now: its history decides what is logged
-                self.client.update_run(self.run_id, status="RUNNING")
+                self.idle_ms = reopen(self.client, self.run_id)
             else:
                 experiment_id = ensure_experiment(self.experiment, uri)
                 run = self.client.create_run(experiment_id, run_name=self.run_name)
@@ -143,12 +157,12 @@ class RunTracker:
     def open_tags(self, description: str | None) -> dict[str, str]:
         """The caller's tags (a Prefect link that is no http URL dropped), the source tags, the parent run, and the
         description: set when the run is new or a Prefect flow run now holds it (a retry, a resume)."""
-        from unirl_core.tracking.run_page import http_url, source_tags
+        from unirl_core.tracking.run_page import source_tags
 
-        tags = source_tags() | {k: v for k, v in self.tags.items() if not k.endswith("_url") or http_url(v)}
+        tags = source_tags() | prefect_link(self.tags)
         if os.environ.get(PARENT_ENV):
             tags["mlflow.parentRunId"] = os.environ[PARENT_ENV]
-        if description and (not self.reopened or "prefect.flow_run_url" in tags):
+        if description and (not self.reopened or "prefect.flow_run_id" in tags):
             tags["mlflow.note.content"] = description
         return tags
 
@@ -166,12 +180,13 @@ class RunTracker:
             self._guard("tags", "log_batch", self.run_id, tags=[RunTag(k, str(v)) for k, v in tags.items()])
 
     def log_metrics(self, metrics: Mapping[str, float], step: int) -> None:
-        """One batch call per step (one round trip to a server); in a reopened run, a metric already logged at
-        `step` or later is left out."""
+        """One batch call per step (one round trip to a server), each metric under its chart section
+        (mlflow_ui.metric_key) and as its axis prints it; in a reopened run, a metric already logged at `step` or
+        later is left out."""
         from mlflow.entities import Metric
 
         now = int(time.time() * 1000)
-        values = {k: float(v) for k, v in metrics.items() if isinstance(v, int | float)}
+        values = {self.key(k): axis_value(k, float(v)) for k, v in metrics.items() if isinstance(v, int | float)}
         items = [Metric(k, v, now, step) for k, v in values.items() if step > self._last_logged(k)]
         if items:
             self._guard(f"metrics of step {step}", "log_batch", self.run_id, metrics=items)
@@ -189,10 +204,16 @@ class RunTracker:
 
     def log_image(self, image, key: str, step: int, file: str | Path | None = None) -> None:
         """`image` under `key` at `step` (MLflow's image card: one card per key, a slider over the steps; stored as
-        `images/<key>+step+...` with a compressed copy); `file`, a PNG of it, also as `<key>/<file name>`."""
-        self._guard(f"image {key}", "log_image", self.run_id, image, key=key, step=step)
-        if file is not None:
+        `images/<key>+step+...` with a compressed copy); `file`, a PNG of it, also as `<key>/<file name>`. Both at
+        least mlflow_ui.MIN_GRID_WIDTH pixels wide (scaled up by a whole factor)."""
+        legible = legible_grid(image)
+        self._guard(f"image {key}", "log_image", self.run_id, legible, key=key, step=step)
+        if file is not None and legible is image:
             self._guard(f"image file {key}", "log_artifact", self.run_id, str(file), key)
+        elif file is not None:
+            with tempfile.TemporaryDirectory() as folder:
+                legible.save(Path(folder) / Path(file).name)
+                self._guard(f"image file {key}", "log_artifact", self.run_id, str(Path(folder) / Path(file).name), key)
 
     def log_table(self, columns: dict[str, list], artifact_file: str) -> None:
         """A table (column -> values) as `artifact_file` (.json), which MLflow's artifact view shows as a table."""
@@ -259,7 +280,9 @@ class RunTracker:
         return self._guard(f"model {model_name}", _register, always=True)
 
     def finish(self, status: str = "FINISHED") -> None:
-        self._guard("run status", "set_terminated", self.run_id, status, always=True)
+        """End the run; after idle time (IDLE_TAG), at its end less that time, so its duration is its running time."""
+        end = int(time.time() * 1000) - self.idle_ms if self.idle_ms else None
+        self._guard("run status", "set_terminated", self.run_id, status, end, always=True)
 
     def url(self) -> str | None:
         return run_url(self.run_id, lambda: self._guard("run lookup", "get_run", self.run_id))
@@ -289,4 +312,35 @@ def run_url(run_id: str | None, lookup=None) -> str | None:
 
     run = lookup()
     experiment = run.info.experiment_id if run else "0"
-    return f"{uri.rstrip('/')}/#/experiments/{experiment}/runs/{run_id}"
+    return page_url(uri, f"experiments/{experiment}/runs/{run_id}")
+
+
+def reopen(client, run_id: str) -> int:
+    """Set the run RUNNING again; its idle time so far in ms, the gap since it ended (or, left RUNNING, since its
+    last metric when that is over STALE_AFTER_S old) added to IDLE_TAG."""
+    run = client.get_run(run_id)
+    now = int(time.time() * 1000)
+    idle = int(float(run.data.tags.get(IDLE_TAG, "0")) * 1000)
+    if run.info.end_time:  # it ended at end_time + idle (its shown end is its true end less the idle time)
+        gap = now - run.info.end_time - idle
+    else:
+        last = max((m.timestamp for m in getattr(run.data, "_metric_objs", [])), default=now)
+        gap = now - last if now - last > STALE_AFTER_S * 1000 else 0
+    client.update_run(run_id, status="RUNNING")
+    if gap > 0:
+        idle += gap
+        client.set_tag(run_id, IDLE_TAG, f"{idle / 1000:.1f}")
+    return idle
+
+
+def prefect_link(tags: Mapping[str, str]) -> dict[str, str]:
+    """The caller's tags, a `*_url` that is no http URL dropped; with a Prefect flow run, the Prefect API it ran
+    against (`prefect.api_url`, PREFECT_API_URL; unset: Prefect's temporary server, whose address dies with the
+    command, and the flow run's id is the link)."""
+    from unirl_core.tracking.run_page import http_url
+
+    out = {k: v for k, v in tags.items() if not k.endswith("_url") or http_url(v)}
+    api = http_url(os.environ.get("PREFECT_API_URL"))
+    if "prefect.flow_run_id" in out and api and "prefect.api_url" not in out:
+        out["prefect.api_url"] = api
+    return out

@@ -117,8 +117,17 @@ def legacy_config_hash(config) -> str:
     return _digest(kept)
 
 
+# Keys added to a section since checkpoints were first written, at the value that means what their absence meant:
+# left out of the hash there, so a checkpoint written before them still resumes (set otherwise, they count).
+ADDED_KEYS = {"reward": {"llm_judge": None}, "algorithm": {"dynamic_sampling": False, "max_gen_batches": 10}}
+
+
 def _hashed(config) -> dict:
     kept = config.model_dump(mode="json", exclude=RESUMABLE_CHANGES & set(type(config).model_fields))
+    for section, added in ADDED_KEYS.items():
+        for key, absent in added.items():
+            if key in kept.get(section, {}) and kept[section][key] == absent:
+                kept[section].pop(key)
     for key in ("steps_per_round", "micro_batch_size"):  # how the warm-up runs, not what it computes
         kept.get("warmup", {}).pop(key, None)
     kept.get("fsdp", {}).pop("reshard_after_forward", None)  # how the ranks gather, not what they compute
