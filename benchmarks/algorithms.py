@@ -4,6 +4,7 @@ same prompts, seeds and reward (the demo recipe: jpeg_compressibility, 2 prompts
     .venv/bin/python benchmarks/algorithms.py [--family sd3] [--steps 24] [--seeds 0,1,2] [--inference-steps 8]
     .venv/bin/python benchmarks/algorithms.py --only grpo,mixgrpo
     .venv/bin/python benchmarks/algorithms.py --family flux --only grpo --steps 16    # a family's learning claim
+    .venv/bin/python benchmarks/algorithms.py --smoke     # seconds: 4 algorithms, 2 small steps (make test's)
 
 Each algorithm runs its defaults (its config class in unirl_core/algorithms/<name>.py) with the overrides in `TINY` below,
 which scale windows written for 10-28 steps to the tiny runs' 8. Every run is one rank in this process
@@ -55,20 +56,33 @@ FAMILIES = {
     **dict.fromkeys(TINY_FAMILIES),  # tests/support/family_cases.py's overrides (edit families get edit prompts)
 }  # fmt: skip
 DDIM_ALGORITHMS = set(TINY) - {"dancegrpo"}  # DDIM families (sd15, sdxl) have no `dance` SDE
-WINDOW = 4
+WINDOW = 4  # steps averaged at each end for the gain (fewer when a run has fewer than 8)
+# --smoke: every algorithm's recipe is loaded (its overrides still valid), these run: the baseline, a window with
+# thinned ODE steps, a `dance` SDE, the NFT loss; 1 prompt x 2 samples, 6 denoising steps (the fewest all windows fit)
+SMOKE_RUNS = ("grpo", "mixgrpo_flash", "dancegrpo", "diffusion_nft")
+SMOKE = [
+    "train.data.prompts_per_rollout=1",
+    "train.sampling.samples_per_prompt=2",
+    "train.algorithm.micro_batch_size=2",
+]
 
 
-def run(name: str, family: str, seed: int, steps: int, inference_steps: int, folder: Path) -> list[dict]:
-    from unirl_core.controller import plan_rounds, run_round
-
+def recipe(name: str, family: str, seed: int, steps: int, inference_steps: int, folder: Path, extra: list[str]):
+    """The demo recipe's train config for algorithm `name` on `family`: TINY's and the family's overrides, `extra`."""
     tiny = family_overrides(family, folder / "prompts") if FAMILIES[family] is None else FAMILIES[family]
     overrides = [
         *tiny, *TINY[name], f"train.steps={steps}", f"train.steps_per_round={steps}",
         f"train.sampling.num_inference_steps={inference_steps}", f"train.sampling.seed={seed}",
         f"train.data.seed={seed}", f"train.output_dir={folder}", "train.ray.workers=1",
-        "train.checkpoint_every=1000", "train.eval=null",  # s/step: the steps alone
+        "train.checkpoint_every=1000", "train.eval=null", *extra,  # s/step: the steps alone
     ]  # fmt: skip
-    config = load_recipe("demo", overrides).train
+    return load_recipe("demo", overrides).train
+
+
+def run(config) -> list[dict]:
+    """`config`'s rounds on one rank in this process (`unirl train --local`'s path): every step's metrics."""
+    from unirl_core.controller import plan_rounds, run_round
+
     rows: list[dict] = []
     for round_ in plan_rounds(config):
         run_round(config, round_, on_step=rows.append, local=True)
@@ -82,20 +96,31 @@ def main() -> None:
     parser.add_argument("--inference-steps", type=int, default=8)
     parser.add_argument("--seeds", default="0,1,2")
     parser.add_argument("--only", default="", help="comma-separated algorithms (default: all)")
+    parser.add_argument("--smoke", action="store_true", help=f"seconds: every algorithm's recipe loaded, {SMOKE_RUNS} "
+                        "run for 2 RL steps (1 timed) of 1 prompt x 2 samples, 6 denoising steps, seed 0 (make "
+                        "test's)")  # fmt: skip
     args = parser.parse_args()
+    if args.smoke:
+        args.steps, args.inference_steps, args.seeds, args.only = 2, 6, "0", ",".join(SMOKE_RUNS)
     names = [n for n in TINY if not args.only or n in args.only.split(",")]
     if family_class(args.family).sampler_kind == "ddim":
         names = [n for n in names if n in DDIM_ALGORITHMS]
     seeds = [int(s) for s in args.seeds.split(",")]
+    extra = SMOKE if args.smoke else []
     results = {}
     with tempfile.TemporaryDirectory() as tmp:
+        if args.smoke:
+            loaded = [recipe(n, args.family, 0, args.steps, args.inference_steps, Path(tmp) / n, extra) for n in TINY]
+            print(f"recipes load: {len(loaded)} algorithms ({', '.join(TINY)})", flush=True)
         for name in names:
             gains, finals, seconds, train = [], [], [], []
             for seed in seeds:
-                rows = run(name, args.family, seed, args.steps, args.inference_steps, Path(tmp) / f"{name}-{seed}")
+                folder = Path(tmp) / f"{name}-{seed}"
+                rows = run(recipe(name, args.family, seed, args.steps, args.inference_steps, folder, extra))
                 rewards = [r["reward_mean"] for r in rows]
-                gains.append(sum(rewards[-WINDOW:]) / WINDOW - sum(rewards[:WINDOW]) / WINDOW)
-                finals.append(sum(rewards[-WINDOW:]) / WINDOW)
+                window = max(1, min(WINDOW, len(rewards) // 2))
+                gains.append(statistics.mean(rewards[-window:]) - statistics.mean(rewards[:window]))
+                finals.append(statistics.mean(rewards[-window:]))
                 seconds += [r["seconds_rollout"] + r["seconds_reward"] + r["seconds_train"] for r in rows[1:]]
                 train += [r["seconds_train"] for r in rows[1:]]
             results[name] = (gains, finals, statistics.median(seconds), statistics.median(train))

@@ -1,6 +1,7 @@
 """BAGEL packing: packed samples/s vs bare iteration of the same datasets, and the mean fill ratio of the packs.
 
     .venv/bin/python benchmarks/bagel_packing.py [--scale demo|bagel] [--attention masks|splits] [--packs N] [--rows N]
+    .venv/bin/python benchmarks/bagel_packing.py --smoke      # seconds: 12 t2i rows, 2 packs, 1 run (make test's)
 
 A demo mixture (t2i parquet, edit parquet, VLM JSONL + images; `unirl_core/data/bagel/demo.py`) is written to a
 temporary folder. `packed` runs the Packer for --packs packs (group draws, CFG dropout, patchify, positions,
@@ -71,7 +72,10 @@ def main() -> None:
     parser.add_argument("--rows", type=int, default=192, help="t2i rows (edit: rows/3, vlm: rows/2)")
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--attention", choices=["masks", "splits"], default="masks", help="dense masks or split lens")
+    parser.add_argument("--smoke", action="store_true", help="seconds: 12 t2i rows, 2 packs, 1 run (make test's)")
     args = parser.parse_args()
+    if args.smoke:
+        args.rows, args.packs, args.repeats = 12, 2, 1
     with tempfile.TemporaryDirectory() as folder:
         path = write_demo_mixture(folder, t2i_rows=args.rows, edit_rows=args.rows // 3, vlm_rows=args.rows // 2)
         mixture = load_mixture(path)

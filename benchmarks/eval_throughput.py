@@ -7,6 +7,7 @@ generator per batch). The fastest of `--repeat` passes of each, interleaved (oth
 adds time). Prints both and the ratio.
 
     python benchmarks/eval_throughput.py                                  # tiny SD3 (the demo recipe), CPU
+    python benchmarks/eval_throughput.py --smoke      # seconds: 2 prompts, 2 steps, one pass each, one thread
     python benchmarks/eval_throughput.py --recipe sd35_medium_grpo --model-path /models/sd35m --device cuda
 """
 
@@ -32,7 +33,12 @@ def main() -> None:
     parser.add_argument("--guidance", type=float, default=None, help="default: the recipe's eval guidance")
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--repeat", type=int, default=3)
+    parser.add_argument("--threads", type=int, default=os.cpu_count() or 1, help="torch threads (default: all cores)")
+    parser.add_argument("--smoke", action="store_true", help="seconds: 2 prompts, 2 steps, one pass, one thread "
+                        "(make test's)")  # fmt: skip
     args = parser.parse_args()
+    if args.smoke:
+        args.prompts, args.batch_size, args.repeat, args.steps, args.threads = 2, 2, 1, args.steps or 2, 1
     os.environ.setdefault("UNIRL_HOME", tempfile.mkdtemp(prefix="unirl-eval-bench-"))
 
     from unirl_core.config import load_recipe
@@ -47,7 +53,7 @@ def main() -> None:
                           steps=args.steps, guidance=args.guidance, shard_size=args.prompts, batch_size=args.batch_size,
                           output_dir=str(folder / "out"), device=args.device)  # fmt: skip
     device = torch.device(args.device)
-    torch.set_num_threads(os.cpu_count() or 1)
+    torch.set_num_threads(args.threads)
     _, policy = run._model(spec, "model", device)  # loaded once, shared by both sides
     print(f"{spec.models[0].config.model.family} at {path}: {args.prompts} prompts, batch {args.batch_size}, "
           f"{spec.steps} steps, guidance {spec.guidance:g}, {spec.width}x{spec.height}, {device}")  # fmt: skip

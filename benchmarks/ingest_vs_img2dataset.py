@@ -2,6 +2,7 @@
 
     .venv/bin/python benchmarks/ingest_vs_img2dataset.py [--images 2000] [--processes 2] [--threads 16] [--timeout 10]
     .venv/bin/python benchmarks/ingest_vs_img2dataset.py --slow-hosts --threads 64 --timeout 5 [--images 20000]
+    .venv/bin/python benchmarks/ingest_vs_img2dataset.py --smoke     # 4 images, 1 process (make test's)
 
 - Generates `--images` photo-like JPEGs of mixed sizes (300-1500 px), cached in --work.
 - Serves them from a loopback HTTP server in this process (both tools fetch over real HTTP).
@@ -25,6 +26,10 @@ at `--timeout`), evenly spread through the input. It prints unirl and img2datase
 fault-free input, and the ratios (goals: unirl >= 1.5x img2dataset, and >= 0.8x its own fault-free rate). Each
 slow or dead row holds a thread for 3 s or `--timeout`, so the threads must cover that wait: at 5 s, 0.4
 thread-seconds per row on average, hence `--threads 64`. The bare loop and the RSS check are skipped.
+
+`--smoke` (what `make test` runs): 4 images in a temporary --work, 1 process x 4 threads, the bare loop, unirl and
+img2dataset where it is already installed (on the PATH or in --work; the smoke installs nothing: otherwise that side
+is skipped, saying so), no RSS check. The Prefect server still starts (most of its ~20 s).
 """
 
 from __future__ import annotations
@@ -191,11 +196,27 @@ def run_measured(command: list[str], env: dict | None = None) -> tuple[float, in
         return seconds, peak[0] // 2**20, out.read()
 
 
-def ensure_img2dataset(venv: Path) -> Path:
+def ensure_img2dataset(venv: Path, install: bool = True) -> Path | None:
+    """img2dataset's command in `venv`, installed there on first use; with `install` false, an installed one (in
+    `venv` or on the PATH) or None."""
     binary = venv / "bin" / "img2dataset"
+    if not binary.exists() and not install:
+        found = shutil.which("img2dataset")
+        return Path(found) if found else None
     if not binary.exists():
         subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True)
         subprocess.run([str(venv / "bin" / "pip"), "install", "-q", "img2dataset==1.47"], check=True)
+    return binary
+
+
+def img2dataset_binary(args) -> Path | None:
+    """The img2dataset command, or None (printed) when --skip-img2dataset or --smoke finds none installed."""
+    if args.skip_img2dataset:
+        return None
+    binary = ensure_img2dataset(args.work / "img2dataset-venv", install=not args.smoke)
+    if binary is None:
+        print("img2dataset 1.47    skipped: the img2dataset package is not installed (--smoke installs nothing; "
+              "without --smoke this script installs img2dataset==1.47 in its own virtualenv)", flush=True)  # fmt: skip
     return binary
 
 
@@ -315,8 +336,8 @@ def compare_fault_free(args, images: list[Path], parquet: Path, base: str, env: 
         f"{unirl['unit_rate']:.1f} images/s inside the units, {unirl['ok']} ok)",
         flush=True,
     )
-    if not args.skip_img2dataset:
-        binary = ensure_img2dataset(args.work / "img2dataset-venv")
+    binary = img2dataset_binary(args)
+    if binary is not None:
         i2d_s, i2d = run_img2dataset(binary, parquet, args.work / "out-img2dataset", args)
         print(f"img2dataset 1.47    {i2d['ok'] / i2d_s:8.1f} images/s  ({i2d_s:.1f} s, {i2d['ok']} ok)", flush=True)
         print(f"ratio unirl / img2dataset   {(unirl['ok'] / unirl_s) / (i2d['ok'] / i2d_s):.2f}  (goal >= 1.5)")
@@ -342,8 +363,8 @@ def compare_slow_hosts(args, clean: Path, faulty: Path, env: dict) -> None:
     report("unirl ingest, slow hosts", slow_s, slow_run)
     own = (slow_run["rows"] / slow_s) / (clean_run["rows"] / clean_s)
     print(f"peak RSS unirl ingest, slow hosts: {rss} MB", flush=True)
-    if not args.skip_img2dataset:
-        binary = ensure_img2dataset(args.work / "img2dataset-venv")
+    binary = img2dataset_binary(args)
+    if binary is not None:
         i2d_clean_s, i2d_clean = run_img2dataset(binary, clean, args.work / "out-img2dataset", args)
         report("img2dataset 1.47, no faults", i2d_clean_s, i2d_clean)
         i2d_s, i2d = run_img2dataset(binary, faulty, args.work / "out-img2dataset-slow-hosts", args)
@@ -355,20 +376,9 @@ def compare_slow_hosts(args, clean: Path, faulty: Path, env: dict) -> None:
     print(f"ratio unirl slow hosts / no faults        {own:.2f}  (rows/s; goal >= 0.8)")
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser()
-    parser.add_argument("--images", type=int, default=2000)
-    parser.add_argument("--processes", type=int, default=2)
-    parser.add_argument("--threads", type=int, default=16)
-    parser.add_argument("--timeout", type=float, default=10.0, help="seconds; both tools' connect and read timeout")
-    parser.add_argument("--slow-hosts", action="store_true", help="5%% slow hosts (3 s), 5%% dead hosts")
-    parser.add_argument("--work", type=Path, default=Path(tempfile.gettempdir()) / "unirl-ingest-bench")
-    parser.add_argument("--skip-img2dataset", action="store_true")
-    parser.add_argument("--skip-rss", action="store_true")
-    parser.add_argument("--skip-bare", action="store_true", help="no bare loop (150 s at 20,000 images)")
-    args = parser.parse_args()
+def compare(args) -> None:
+    """Images, their loopback server and a Prefect server, then the fault-free or the slow-hosts comparison."""
     args.work.mkdir(parents=True, exist_ok=True)
-
     print(f"generating {args.images} JPEGs (300-1500 px) in {args.work / 'images'} ...", flush=True)
     images = make_images(args.work / "images", args.images, args.processes)
     megabytes = sum(p.stat().st_size for p in images) / 1e6
@@ -392,6 +402,29 @@ def main() -> None:
         dead.shutdown()
         prefect.terminate()
         prefect.wait(timeout=30)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--images", type=int, default=2000)
+    parser.add_argument("--processes", type=int, default=2)
+    parser.add_argument("--threads", type=int, default=16)
+    parser.add_argument("--timeout", type=float, default=10.0, help="seconds; both tools' connect and read timeout")
+    parser.add_argument("--slow-hosts", action="store_true", help="5%% slow hosts (3 s), 5%% dead hosts")
+    parser.add_argument("--work", type=Path, default=Path(tempfile.gettempdir()) / "unirl-ingest-bench")
+    parser.add_argument("--skip-img2dataset", action="store_true")
+    parser.add_argument("--skip-rss", action="store_true")
+    parser.add_argument("--skip-bare", action="store_true", help="no bare loop (150 s at 20,000 images)")
+    parser.add_argument("--smoke", action="store_true", help="4 images, 1 process x 4 threads, a temporary --work, "
+                        "no RSS check, img2dataset only if installed (make test's)")  # fmt: skip
+    args = parser.parse_args()
+    if args.smoke:
+        with tempfile.TemporaryDirectory(prefix="ingest-bench-smoke-") as work:
+            args.images, args.processes, args.threads, args.timeout, args.skip_rss = 4, 1, 4, 5.0, True
+            args.work = Path(work)
+            compare(args)
+    else:
+        compare(args)
 
 
 if __name__ == "__main__":

@@ -1,6 +1,7 @@
 """Precache overhead: the full precache (read shards, decode, transform, encode, write) vs the bare encoder loop.
 
     .venv/bin/python benchmarks/precache_overhead.py [--samples 48] [--batch 4] [--size 256] [--workers 1]
+    .venv/bin/python benchmarks/precache_overhead.py --smoke   # seconds: 4 samples, 32 px, a tiny VAE (make test's)
 
 The encoder is an SD-sized AutoencoderKL (diffusers' default SD 1.x VAE config, random weights, about 84 M
 parameters), built from config and saved, then loaded the way precache loads any pretrained folder. The bare loop
@@ -29,17 +30,20 @@ from unirl_core.precache.encoders import build_encoder, run_encoder  # noqa: E40
 from unirl_core.precache.run import run_task  # noqa: E402
 from unirl_core.precache.source import image_transform  # noqa: E402
 
+SD_CHANNELS = (128, 256, 512, 512)  # SD 1.x's VAE; the smoke's: (8, 8, 16, 16), the same 4 blocks and 8x downsampling
 
-def sd_vae(folder: Path) -> str:
+
+def sd_vae(folder: Path, channels: tuple[int, ...] = SD_CHANNELS) -> str:
     from diffusers import AutoencoderKL
 
     torch.manual_seed(0)
     vae = AutoencoderKL(
         down_block_types=("DownEncoderBlock2D",) * 4,
         up_block_types=("UpDecoderBlock2D",) * 4,
-        block_out_channels=(128, 256, 512, 512),
+        block_out_channels=channels,
         layers_per_block=2,
         latent_channels=4,
+        norm_num_groups=min(32, channels[0]),
         sample_size=512,
     )
     vae.save_pretrained(folder)
@@ -64,11 +68,14 @@ def main() -> None:
     parser.add_argument("--batch", type=int, default=4)
     parser.add_argument("--size", type=int, default=256)
     parser.add_argument("--workers", type=int, default=1)
+    parser.add_argument("--smoke", action="store_true", help="seconds: 4 samples, 32 px, a tiny VAE (make test's)")
     args = parser.parse_args()
+    if args.smoke:
+        args.samples, args.batch, args.size = 4, 2, 32
     torch.set_num_threads(max(1, torch.get_num_threads()))
     with tempfile.TemporaryDirectory() as tmp:
         tmp = Path(tmp)
-        model = sd_vae(tmp / "vae")
+        model = sd_vae(tmp / "vae", (8, 8, 16, 16) if args.smoke else SD_CHANNELS)
         make_shards(tmp / "shards", args.samples)
         config = PrecacheConfig.model_validate(
             {

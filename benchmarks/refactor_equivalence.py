@@ -2,6 +2,7 @@
 
     .venv/bin/python benchmarks/refactor_equivalence.py record benchmarks/reference/refactor_equivalence.json
     .venv/bin/python benchmarks/refactor_equivalence.py check  benchmarks/reference/refactor_equivalence.json
+    .venv/bin/python benchmarks/refactor_equivalence.py --smoke     # one 1-step run recorded and checked (make test's)
 
 Runs the packaged recipes through the `unirl` command, each in a fresh workspace (its own UNIRL_HOME, sqlite MLflow
 and temporary Prefect API):
@@ -20,6 +21,10 @@ sha256 of each tensor of the exported adapter (`adapter_model.safetensors`). `ch
 per run, the steps and tensors that differ (exit 1 if any). Only the command line, the metrics file and the export
 are used, so the same script runs on the code before and after a refactor (`--code DIR` runs another checkout's).
 Bitwise equality holds on one machine kind (the same CPU instructions); record and check on the same one.
+`--smoke` runs `unirl train demo --local --steps 1` (no evaluation, one thread) once, records it into a temporary
+reference and checks it against what the file holds (the tool's path: the command, the metrics and the export read,
+the record written, read back and compared); a rerun's bitwise equality is not its question (a second run doubles
+its ~15 s).
 """
 
 from __future__ import annotations
@@ -69,6 +74,7 @@ RUNS: dict[str, list[str]] = {
     "pipeline_demo": ["demo"],
     **{f"demo_{name}": ["train", f"demo_{name}", "--local", "--steps", "12"] for name in ALGORITHM_DEMOS},
     "demo_reinforce": ["train", "demo", "--local", "--steps", "12", *_sets("train.algorithm.name=reinforce")],
+    "demo_llm": ["train", "demo_llm", "--local", "--steps", "8"],
     "demo_grpo_kl": ["train", "demo", "--local", "--steps", "6", *_sets(
         "train.algorithm.beta=0.04", "train.algorithm.kl_form=flow_grpo", "train.algorithm.num_updates_per_batch=2",
         "train.algorithm.micro_batch_size=2", "train.sampling.guidance_scale=4.5",
@@ -76,6 +82,7 @@ RUNS: dict[str, list[str]] = {
     **{f"family_{f}": ["train", "demo", "--local", "--steps", "4", *_sets(
         f"train.model.family={f}", f"train.model.path=tiny:{f}", *extra)] for f, extra in FAMILIES.items()},
 }  # fmt: skip
+SMOKE_RUN = ["train", "demo", "--local", "--steps", "1", *_sets("train.eval=null", "train.ray.cpus_per_worker=1")]
 
 
 def metric_rows(output_dir: Path) -> dict[str, dict]:
@@ -103,7 +110,8 @@ def edit_prompts(name: str, home: Path, code: Path, env: dict) -> list[str]:
     return _sets("train.data.source=file", f"train.data.data_path={path.stdout.strip().splitlines()[-1]}")
 
 
-def run(name: str, code: Path) -> dict:
+def run(name: str, code: Path, command: list[str] | None = None) -> dict:
+    """`name`'s run of RUNS (or `command`, the `unirl` arguments) in a fresh workspace: its metrics and weights."""
     with tempfile.TemporaryDirectory(prefix=f"equivalence-{name}-") as tmp:
         home = Path(tmp)
         env = {
@@ -115,7 +123,7 @@ def run(name: str, code: Path) -> dict:
             "PYTHONPATH": str(code),
         }
         unirl = [sys.executable, "-c", "from flows.cli import app; app()"]
-        args = RUNS[name] + edit_prompts(name, home, code, env)
+        args = (command or RUNS[name]) + edit_prompts(name, home, code, env)
         done = subprocess.run([*unirl, *args], cwd=code, env=env, capture_output=True, text=True)
         if done.returncode:
             raise SystemExit(f"{name}: exit {done.returncode}\n{done.stdout[-2000:]}\n{done.stderr[-3000:]}")
@@ -140,36 +148,59 @@ def differences(expected: dict, got: dict) -> list[str]:
     return found
 
 
+def record(results: dict, reference: Path) -> None:
+    reference.parent.mkdir(parents=True, exist_ok=True)
+    if reference.is_file():  # record a subset: the other runs' references stay
+        results = json.loads(reference.read_text()) | results
+    reference.write_text(json.dumps(results, indent=1, sort_keys=True) + "\n")
+    for name, result in results.items():
+        print(f"{name}: recorded {len(result['metrics'])} steps, {len(result['weights'])} adapter tensors")
+
+
+def check(results: dict, reference: Path) -> bool:
+    """Prints each run's differences from `reference`; True when every run is bitwise equal."""
+    recorded = json.loads(reference.read_text())
+    equal = True
+    for name, result in results.items():
+        found = differences(recorded[name], result)
+        steps, tensors = len(result["metrics"]), len(result["weights"])
+        if found:
+            equal = False
+            print(f"{name}: DIFFERENT ({steps} steps, {tensors} tensors)\n  " + "\n  ".join(found[:20]))
+        else:
+            print(f"{name}: bitwise equal: {steps} steps of metrics, {tensors} adapter tensors")
+    return equal
+
+
+def smoke(code: Path) -> bool:
+    """SMOKE_RUN once, recorded into a temporary reference, then checked against the file's record of it."""
+    results = {"smoke": run("smoke", code, SMOKE_RUN)}
+    with tempfile.TemporaryDirectory(prefix="equivalence-smoke-") as tmp:
+        reference = Path(tmp) / "reference.json"
+        record(results, reference)
+        return check(results, reference)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("mode", choices=["record", "check"])
-    parser.add_argument("reference", type=Path)
+    parser.add_argument("mode", nargs="?", choices=["record", "check"])
+    parser.add_argument("reference", nargs="?", type=Path)
     parser.add_argument("--code", type=Path, default=Path(__file__).resolve().parents[1], help="checkout to run")
     parser.add_argument("--runs", default=",".join(RUNS), help="comma-separated: " + ", ".join(RUNS))
     parser.add_argument("--jobs", type=int, default=2, help="runs at once (each its own processes)")
+    parser.add_argument("--smoke", action="store_true", help="record and check one 1-step run (make test's)")
     args = parser.parse_args()
+    if args.smoke:
+        raise SystemExit(0 if smoke(args.code.resolve()) else 1)
+    if args.mode is None or args.reference is None:
+        parser.error("record or check, and the reference file, are required (or --smoke)")
     names = args.runs.split(",")
     with ThreadPoolExecutor(args.jobs) as pool:
         results = dict(zip(names, pool.map(lambda name: run(name, args.code.resolve()), names), strict=True))
     if args.mode == "record":
-        args.reference.parent.mkdir(parents=True, exist_ok=True)
-        if args.reference.is_file():  # record a subset: the other runs' references stay
-            results = json.loads(args.reference.read_text()) | results
-        args.reference.write_text(json.dumps(results, indent=1, sort_keys=True) + "\n")
-        for name, result in results.items():
-            print(f"{name}: recorded {len(result['metrics'])} steps, {len(result['weights'])} adapter tensors")
+        record(results, args.reference)
         return
-    reference = json.loads(args.reference.read_text())
-    failed = False
-    for name, result in results.items():
-        found = differences(reference[name], result)
-        steps, tensors = len(result["metrics"]), len(result["weights"])
-        if found:
-            failed = True
-            print(f"{name}: DIFFERENT ({steps} steps, {tensors} tensors)\n  " + "\n  ".join(found[:20]))
-        else:
-            print(f"{name}: bitwise equal: {steps} steps of metrics, {tensors} adapter tensors")
-    raise SystemExit(1 if failed else 0)
+    raise SystemExit(0 if check(results, args.reference) else 1)
 
 
 if __name__ == "__main__":

@@ -2,12 +2,14 @@
 
     .venv/bin/python benchmarks/rl_step.py [--steps 3] [--device cpu] [--models tiny-sd3,tiny-sd15,mid-sd3]
     .venv/bin/python benchmarks/rl_step.py --device cuda --dtype bfloat16 --models large-sd3   # on a GPU
+    .venv/bin/python benchmarks/rl_step.py --smoke    # seconds: tiny-sd3, tiny-sd15, nano-sd3, 1 counted step each
 
 Models are built from config with random weights (nothing is downloaded):
   tiny-sd3 / tiny-sd15  the test models (0.2-0.3 M parameters), 32 px
   mid-sd3               an SD3 transformer of 4 layers x 256 wide (~10 M parameters), 64 px
   wide-sd3              8 layers x 384 wide (41 M parameters), 128 px: about 140 s per step on 2 CPU cores
   large-sd3             SD3-medium-like depth: 24 layers x 1536 wide (~2 B parameters), 512 px (GPU only)
+  nano-sd3              1 layer x 16 wide, 32 px, 2 steps: the smoke's (mid-sd3's path, built from overrides)
 Each row: 2 prompts x 4 samples, 10 denoising steps (4 for tiny), every step stochastic, LoRA rank 8, CFG off,
 jpeg_compressibility; the first step is a warm-up and is not counted. RL.md lists the field's figures for
 comparison (images per GPU per second of a Flow-GRPO step on SD3.5-medium).
@@ -37,7 +39,9 @@ SHAPES = {  # name -> (family, transformer overrides or None for the tiny model,
     "mid-sd3": ("sd3", {"num_layers": 4, "attention_head_dim": 64, "num_attention_heads": 4}, 64, 10),
     "wide-sd3": ("sd3", {"num_layers": 8, "attention_head_dim": 64, "num_attention_heads": 6}, 128, 10),
     "large-sd3": ("sd3", {"num_layers": 24, "attention_head_dim": 64, "num_attention_heads": 24}, 512, 10),
+    "nano-sd3": ("sd3", {"num_layers": 1, "attention_head_dim": 8, "num_attention_heads": 2}, 32, 2),
 }
+SMOKE_MODELS = "tiny-sd3,tiny-sd15,nano-sd3"
 
 
 def build_model(name: str, folder: Path) -> tuple[str, int]:
@@ -95,7 +99,10 @@ def main() -> None:
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
     parser.add_argument("--models", default="tiny-sd3,tiny-sd15,mid-sd3")
+    parser.add_argument("--smoke", action="store_true", help=f"seconds: {SMOKE_MODELS}, 1 counted step (make test's)")
     args = parser.parse_args()
+    if args.smoke:
+        args.models, args.steps = SMOKE_MODELS, 1
     import diffusers
     import transformers
 

@@ -4,6 +4,7 @@ diffusers pipeline generating the same images.
     .venv/bin/python benchmarks/rl_throughput.py            # CPU: a scaled-down shape (2 blocks, 128 px, 4 steps)
     .venv/bin/python benchmarks/rl_throughput.py --full     # GPU: the real shape, 512 px, 10 steps, bf16
     .venv/bin/python benchmarks/rl_throughput.py --full --deterministic   # the cost of train.deterministic
+    .venv/bin/python benchmarks/rl_throughput.py --smoke    # seconds: 1 block x 2 heads, 32 px, 2 steps, 2 images
 
 The transformer is SD3.5-medium's published config (`real_sizes.VARIANTS["sd3.5-medium"]`: 24 blocks x 1536 wide,
 dual attention in the first 13, 2.5 B parameters) with random weights; `--full` keeps it whole, the CPU default keeps
@@ -55,10 +56,14 @@ LORA_TARGETS = ["attn.add_k_proj", "attn.add_q_proj", "attn.add_v_proj", "attn.t
 PHASES = ("rollout", "reward", "pi_old", "train")
 
 
-def transformer_config(layers: int | None, size: int) -> dict:
-    """SD3.5-medium's transformer config, `layers` blocks deep (None: all 24); the position-embedding table cut to
-    what `size` px needs when the depth is cut (it is a buffer of 384^2 x 1536 floats otherwise)."""
+def transformer_config(layers: int | None, size: int, heads: int | None = None) -> dict:
+    """SD3.5-medium's transformer config, `layers` blocks deep (None: all 24) and `heads` of 64 wide (None: its 24,
+    1536 wide); the position-embedding table cut to what `size` px needs when the depth is cut (it is a buffer of
+    384^2 x 1536 floats otherwise)."""
     config = dict(VARIANTS["sd3.5-medium"]["components"]["transformer"][3])
+    if heads is not None:
+        config["num_attention_heads"] = heads
+        config["caption_projection_dim"] = heads * config["attention_head_dim"]
     if layers is not None:
         config["num_layers"] = layers
         config["dual_attention_layers"] = [i for i in config["dual_attention_layers"] if i < layers]
@@ -86,9 +91,11 @@ def vae16(scaling_factor: float, shift_factor: float):
     )  # fmt: skip
 
 
-def write_pipeline(folder: Path, layers: int | None, size: int, device: str, dtype: torch.dtype) -> int:
-    """An SD3 pipeline folder: the SD3.5-medium-shaped transformer (random weights, saved in `dtype`), tiny text
-    encoders with the real conditioning widths, a tiny 16-channel VAE. Returns the transformer's parameter count."""
+def write_pipeline(folder: Path, layers: int | None, size: int, device: str, dtype: torch.dtype,
+                   heads: int | None = None) -> int:  # fmt: skip
+    """An SD3 pipeline folder: the SD3.5-medium-shaped transformer (random weights, saved in `dtype`; `heads`
+    narrows it), tiny text encoders with the real conditioning widths, a tiny 16-channel VAE. Returns the
+    transformer's parameter count."""
     from diffusers import (
         FlowMatchEulerDiscreteScheduler,
         SD3Transformer2DModel,
@@ -100,7 +107,7 @@ def write_pipeline(folder: Path, layers: int | None, size: int, device: str, dty
 
     torch.manual_seed(0)
     with torch.device(device):  # random init of 2.5 B parameters is minutes on a CPU, seconds on a GPU
-        transformer = SD3Transformer2DModel(**transformer_config(layers, size)).to(dtype)
+        transformer = SD3Transformer2DModel(**transformer_config(layers, size, heads)).to(dtype)
     clip_tokenizer, t5_tokenizer = byte_level_clip_tokenizer(), ByT5Tokenizer()
 
     def clip(projection_dim: int):  # SD3's pooled vector: the two CLIP projections concatenated, 768 + 1280
@@ -119,10 +126,12 @@ def write_pipeline(folder: Path, layers: int | None, size: int, device: str, dty
     return sum(p.numel() for p in transformer.parameters())
 
 
-def write_flux_pipeline(folder: Path, layers: int | None, size: int, device: str, dtype: torch.dtype) -> int:
+def write_flux_pipeline(folder: Path, layers: int | None, size: int, device: str, dtype: torch.dtype,
+                        heads: int | None = None) -> int:  # fmt: skip
     """A FLUX.1-dev pipeline folder: the published transformer (19 double + 38 single blocks x 3072 wide, 11.9 B
-    parameters, guidance-embedded; `layers` cuts both stacks), tiny text encoders with the real widths (CLIP pooled
-    768, T5 4096), a tiny 16-channel VAE with FLUX's 8x downsampling. Returns the transformer's parameter count."""
+    parameters, guidance-embedded; `layers` cuts both stacks, `heads` of 128 narrows it), tiny text encoders with
+    the real widths (CLIP pooled 768, T5 4096), a tiny 16-channel VAE with FLUX's 8x downsampling. Returns the
+    transformer's parameter count."""
     from diffusers import FlowMatchEulerDiscreteScheduler, FluxPipeline, FluxTransformer2DModel
     from transformers import ByT5Tokenizer, CLIPTextConfig, CLIPTextModel
 
@@ -133,6 +142,8 @@ def write_flux_pipeline(folder: Path, layers: int | None, size: int, device: str
     config = dict(family_class("flux").denoiser_configs["flux1-dev"])
     if layers is not None:
         config |= {"num_layers": layers, "num_single_layers": layers}
+    if heads is not None:
+        config["num_attention_heads"] = heads
     torch.manual_seed(0)
     with torch.device(device):
         transformer = FluxTransformer2DModel(**config).to(dtype)
@@ -295,7 +306,11 @@ def main() -> None:
     parser.add_argument("--deterministic", action="store_true", help="train.deterministic's settings (their cost)")
     parser.add_argument("--json", type=Path, default=None, help="also write the figures to this file (gpu_check)")
     parser.add_argument("--model", default="sd3.5-medium", choices=sorted(MODELS), help="the transformer's shape")
+    parser.add_argument("--smoke", action="store_true", help="seconds: 1 block x 2 heads, 32 px, 2 steps, 1 prompt x "
+                        "2 images, 1 counted step (make test's)")  # fmt: skip
     args = parser.parse_args()
+    if args.smoke and args.full:
+        parser.error("--smoke and --full: choose one")
     apply_determinism(args.deterministic)  # before the first cuBLAS call, as at a rank's setup
     full = args.full
     args.device = args.device or ("cuda" if full else "cpu")
@@ -304,6 +319,9 @@ def main() -> None:
     args.size, args.inference_steps = (512, 10) if full else (128, 4)
     args.prompts, args.group = (2, 8) if full else (2, 2)  # 16 images a step per device (the issue's goal), CPU 4
     args.micro_batch = 4 if full else 2  # per forward: x2 rows with CFG
+    args.heads = None  # the model's own width
+    if args.smoke:
+        args.layers, args.heads, args.steps, args.size, args.inference_steps, args.prompts = 1, 2, 1, 32, 2, 1
     args.dtype = "bfloat16" if args.device.startswith("cuda") else "float32"
     import diffusers
     import huggingface_hub.utils
@@ -317,8 +335,9 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         started = time.perf_counter()
         _, writer, _, _, blocks = MODELS[args.model]
-        params = writer(Path(tmp), args.layers, args.size, args.device, getattr(torch, args.dtype))
+        params = writer(Path(tmp), args.layers, args.size, args.device, getattr(torch, args.dtype), args.heads)
         depth = f"{args.layers} blocks (of {blocks})" if args.layers else blocks
+        depth += f", {args.heads} heads" if args.heads else ""
         print(f"{args.model}-shaped transformer: {depth}, {params / 1e6:.0f} M parameters "
               f"(built and saved in {time.perf_counter() - started:.0f} s)", flush=True)  # fmt: skip
         seconds, peaks, images = measure(tmp, args)

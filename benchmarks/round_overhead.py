@@ -3,6 +3,7 @@
 
     .venv/bin/python benchmarks/round_overhead.py [--model mid-sd3] [--steps 5] [--skip 1] [--inference-steps 4]
                                                   [--px 64] [--cpus N] [--modes bare,bare-1t,ray-1,ray-2] [--repeat 3]
+    .venv/bin/python benchmarks/round_overhead.py --smoke   # tiny-sd3, 2 steps, modes bare,bare-1t,ray-1 on 1 CPU
 
 Every mode runs the `demo` recipe (2 prompts x 4 samples, LoRA rank 8, CFG off, jpeg_compressibility) on a model of
 rl_step.py built from config with random weights (mid-sd3 by default: 4 layers x 256 wide, ~9 M parameters, 64 px,
@@ -22,6 +23,9 @@ building and sharding the model; model loading for the bare runner); finish = wa
 (checkpoint, sample grid, Ray teardown, export and model registration). Goal: steady-state round / bare <= 1.10x.
 With --repeat N the modes run in turn N times (bare, ray-1, ray-2, bare, ...) so that a machine whose speed drifts
 slows every mode alike; the table shows each mode's medians and the verdict each repeat's ratio to its own bare.
+`--smoke` (what `make test` runs): tiny-sd3 at 32 px, 2 denoising steps, 2 steps per mode (1 warm-up), 1 CPU, modes
+bare, bare-1t and ray-1 (ray-2 is the same round with 2 workers: a second Ray start, ~15 s); the Prefect API and
+Ray still start (most of its 50 s on 2 busy cores).
 """
 
 from __future__ import annotations
@@ -97,7 +101,7 @@ def summarize(mode: str, workers: int, threads: int, started: float, stamps: lis
     }
 
 
-def run_bare(path: str, out: Path, args, threads: int, images: int) -> dict:
+def run_bare(mode: str, path: str, out: Path, args, threads: int, images: int) -> dict:
     from bare_loop import bare_steps
 
     before = torch.get_num_threads()
@@ -112,7 +116,6 @@ def run_bare(path: str, out: Path, args, threads: int, images: int) -> dict:
         ended = time.perf_counter()
     finally:
         torch.set_num_threads(before)
-    mode = "bare" if threads == before else f"bare-{threads}t"
     return summarize(mode, 1, threads, started, stamps, rows, ended, args.skip, images)
 
 
@@ -164,7 +167,12 @@ def main() -> None:
     parser.add_argument("--cpus", type=int, default=os.cpu_count(), help="CPUs of the Ray rounds (and bare threads)")
     parser.add_argument("--modes", default="bare,bare-1t,ray-1,ray-2")
     parser.add_argument("--repeat", type=int, default=1, help="run the modes in turn this many times; medians shown")
+    parser.add_argument("--smoke", action="store_true", help="tiny-sd3, 32 px, 2 denoising steps, 2 steps per mode, "
+                        "1 CPU, modes bare,bare-1t,ray-1 (make test's)")  # fmt: skip
     args = parser.parse_args()
+    if args.smoke:
+        args.model, args.steps, args.skip, args.inference_steps, args.px = "tiny-sd3", 2, 1, 2, 32
+        args.cpus, args.modes, args.repeat = 1, "bare,bare-1t,ray-1", 1
     args.px = args.px or SHAPES[args.model][2]
     if not 1 <= args.skip < args.steps:
         parser.error("--skip must be at least 1 and less than --steps")
@@ -209,7 +217,7 @@ def main() -> None:
             for mode in modes:
                 out = tmp / f"out-{mode}-{repeat}"
                 if mode.startswith("bare"):
-                    results.append(run_bare(path, out, args, args.cpus if mode == "bare" else 1, images))
+                    results.append(run_bare(mode, path, out, args, args.cpus if mode == "bare" else 1, images))
                 else:
                     results.append(run_round(path, out, args, int(mode.split("-")[1]), images))
                 progress(results[-1])

@@ -2,6 +2,7 @@
 assemble a batch, with `WarmupData` reading batches by offset (index only in memory).
 
     .venv/bin/python benchmarks/warmup_data_memory.py [--samples 256] [--batch 8] [--cache DIR] [--code DIR]
+    .venv/bin/python benchmarks/warmup_data_memory.py --smoke    # seconds: tiny-sd3 at 32 px, 4 samples (make test's)
 
 The cache is a real precache (float32 `AutoencoderKLEncoder` latents and `PipelinePromptEncoder` conditioning) of
 the `sized-sd3` model of `warmup_precache_gain.py` at 256 px (16 latent channels, T5 256 wide x 256 tokens):
@@ -55,8 +56,9 @@ print(json.dumps({"samples": len(data), "anon_mb": anon_mb() - before, "first_s"
 """
 
 
-def build_cache(folder: Path, samples: int) -> Path:
-    """The precache of `samples` sized-sd3 samples under `folder` (kept); returns its config file."""
+def build_cache(folder: Path, samples: int, model: str = "sized-sd3") -> Path:
+    """The precache of `samples` samples of `model` (warmup_precache_gain.py's presets) under `folder` (kept); returns
+    its config file."""
     from warmup_precache_gain import PRESETS, build_model, make_data, precache_config
 
     from unirl_core.precache.run import run_task
@@ -64,8 +66,8 @@ def build_cache(folder: Path, samples: int) -> Path:
     config_file = folder / "precache.json"
     if config_file.is_file():
         return config_file
-    size = PRESETS["sized-sd3"][0]
-    build_model("sized-sd3", folder / "model")
+    size = PRESETS[model][0]
+    build_model(model, folder / "model")
     make_data(folder / "src", samples, size)
     config = precache_config(folder / "src", folder / "out", str(folder / "model"), size, batch=8)
     run_task(config, 0, 1)
@@ -79,11 +81,15 @@ def main() -> None:
     parser.add_argument("--batch", type=int, default=8)
     parser.add_argument("--cache", type=Path, default=None, help="keep the cache here (default: a temporary folder)")
     parser.add_argument("--code", type=Path, default=ROOT, help="the checkout whose WarmupData is measured")
+    parser.add_argument("--smoke", action="store_true", help="seconds: the tiny-sd3 model at 32 px, 4 samples, "
+                        "batch 2 (make test's)")  # fmt: skip
     args = parser.parse_args()
+    if args.smoke:
+        args.samples, args.batch = 4, 2
     with tempfile.TemporaryDirectory() as scratch:
         folder = args.cache or Path(scratch)
         folder.mkdir(parents=True, exist_ok=True)
-        config_file = build_cache(folder, args.samples)
+        config_file = build_cache(folder, args.samples, "tiny-sd3" if args.smoke else "sized-sd3")
         env = {**os.environ, "PYTHONPATH": str(args.code.resolve())}
         result = subprocess.run([sys.executable, "-c", MEASURE, str(config_file), str(args.batch)], env=env,
                                 cwd=args.code, capture_output=True, text=True, check=True)  # fmt: skip

@@ -2,6 +2,7 @@
 
     .venv/bin/python benchmarks/warmup_precache_gain.py [--model tiny-sd3] [--steps N] [--batch 4] [--samples 32]
     .venv/bin/python benchmarks/warmup_precache_gain.py --model sized-sd3   # SD3.5-medium-like encoding share
+    .venv/bin/python benchmarks/warmup_precache_gain.py --smoke      # seconds: tiny-sd3, 4 samples, 1 timed step
 
 One process, no Ray, torch threads = all cores (--threads). A real precache (`run_task`: AutoencoderKLEncoder latents and
 PipelinePromptEncoder conditioning, float32) of --samples procedural PNGs with distinct captions is built first, for
@@ -207,7 +208,11 @@ def main() -> None:
     parser.add_argument("--batch", type=int, default=4, help="samples per step (warm-up batch_size)")
     parser.add_argument("--samples", type=int, default=32, help="samples precached (epochs repeat)")
     parser.add_argument("--threads", type=int, default=None, help="torch threads (default: all cores)")
+    parser.add_argument("--smoke", action="store_true", help="seconds: tiny-sd3, 4 samples of batch 2, 1 timed step "
+                        "after 1, one thread (make test's)")  # fmt: skip
     args = parser.parse_args()
+    if args.smoke:
+        args.model, args.steps, args.skip, args.batch, args.samples, args.threads = "tiny-sd3", 1, 1, 2, 4, 1
     if args.threads:
         torch.set_num_threads(args.threads)
     size, default_steps, _ = PRESETS[args.model]
