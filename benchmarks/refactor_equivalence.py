@@ -96,7 +96,9 @@ def metric_rows(output_dir: Path) -> dict[str, dict]:
 def weight_digests(output_dir: Path) -> dict[str, str]:
     from safetensors.numpy import load_file
 
-    (adapter,) = sorted(output_dir.glob("export/step_*/adapter_model.safetensors"))
+    (adapter,) = sorted(output_dir.glob("export/step_*/adapter_model.safetensors")) or sorted(
+        output_dir.glob("export/step_*/model.safetensors")  # lora: null (demo_llm): the whole model
+    )
     return {k: hashlib.sha256(v.tobytes()).hexdigest() for k, v in sorted(load_file(str(adapter)).items())}
 
 
