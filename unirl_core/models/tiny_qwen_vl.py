@@ -24,20 +24,17 @@ import torch
 TINY_QWEN_VL_IMAGE_SIZE = 56
 VISION_TOKENS = ("<|vision_start|>", "<|vision_end|>", "<|image_pad|>", "<|video_pad|>")
 
-# Qwen2.5-VL-Instruct's chat template, cut to what the tiny model reads: a default system turn, images first.
-CHAT_TEMPLATE = (
-    "{% for message in messages %}"
-    "{% if loop.first and message['role'] != 'system' %}"
-    "<|im_start|>system\nYou are a helpful assistant.<|im_end|>\n{% endif %}"
-    "<|im_start|>{{ message['role'] }}\n"
-    "{% if message['content'] is string %}{{ message['content'] }}{% else %}"
-    "{% for content in message['content'] %}"
-    "{% if content['type'] == 'image' %}<|vision_start|><|image_pad|><|vision_end|>"
-    "{% elif content['type'] == 'text' %}{{ content['text'] }}{% endif %}"
-    "{% endfor %}{% endif %}<|im_end|>\n"
-    "{% endfor %}"
-    "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
-)
+
+# Qwen2.5-VL-Instruct's chat template, cut to what the tiny model reads: the message's parts in order.
+def chat_template() -> str:
+    from unirl_core.models.tiny_vlm import chatml_template
+
+    return chatml_template(
+        "{% for content in message['content'] %}"
+        "{% if content['type'] == 'image' %}<|vision_start|><|image_pad|><|vision_end|>"
+        "{% elif content['type'] == 'text' %}{{ content['text'] }}{% endif %}"
+        "{% endfor %}"
+    )
 
 
 def build_tiny_qwen_vl(seed: int = 0):
@@ -48,7 +45,7 @@ def build_tiny_qwen_vl(seed: int = 0):
     from unirl_core.models.tiny_vlm import tiny_qwen_tokenizer
 
     tokenizer = tiny_qwen_tokenizer(extra_special=VISION_TOKENS)
-    tokenizer.chat_template = CHAT_TEMPLATE
+    tokenizer.chat_template = chat_template()
     ids = {t: tokenizer.convert_tokens_to_ids(t) for t in ("<|endoftext|>", "<|im_end|>", *VISION_TOKENS)}
     pixels = TINY_QWEN_VL_IMAGE_SIZE**2
     config = Qwen2_5_VLConfig(

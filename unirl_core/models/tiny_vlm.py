@@ -30,18 +30,25 @@ TINY_VLM_PATCH = 8
 TINY_VLM_WORDS = ("yes", "Yes", "no", "No")  # whole words the judge answers with, single tokens
 SPECIAL_TOKENS = ("<|endoftext|>", "<|im_start|>", "<|im_end|>", "<image>")
 
-# llava-interleave-qwen's ChatML template: a default system turn, images before a message's text.
-CHAT_TEMPLATE = (
-    "{% for message in messages %}"
-    "{% if loop.first and message['role'] != 'system' %}"
-    "<|im_start|>system\nYou are a helpful assistant.<|im_end|>\n{% endif %}"
-    "<|im_start|>{{ message['role'] }}\n"
-    "{% if message['content'] is string %}{{ message['content'] }}{% else %}"
+
+def chatml_template(parts: str) -> str:
+    """A ChatML chat template with a default system turn; `parts`: the Jinja that writes a message's list content
+    (its images and text)."""
+    return (
+        "{% for message in messages %}"
+        "{% if loop.first and message['role'] != 'system' %}"
+        "<|im_start|>system\nYou are a helpful assistant.<|im_end|>\n{% endif %}"
+        "<|im_start|>{{ message['role'] }}\n"
+        "{% if message['content'] is string %}{{ message['content'] }}{% else %}" + parts + "{% endif %}<|im_end|>\n"
+        "{% endfor %}"
+        "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+    )
+
+
+# llava-interleave-qwen's ChatML template: images before a message's text.
+CHAT_TEMPLATE = chatml_template(
     "{% for content in message['content'] | selectattr('type', 'equalto', 'image') %}<image>\n{% endfor %}"
     "{% for content in message['content'] | selectattr('type', 'equalto', 'text') %}{{ content['text'] }}{% endfor %}"
-    "{% endif %}<|im_end|>\n"
-    "{% endfor %}"
-    "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
 )
 
 
