@@ -1,5 +1,5 @@
 """Tiny causal LMs, random weights, for the autoregressive domain's tests and CPU demo: `tiny:qwen3` and
-`tiny:qwen2` (and the tiny VLMs, `tiny:llava` and `tiny:qwen2_5_vl`) in `train.model.path` build one in the workspace once (as
+`tiny:qwen2` (and the tiny VLMs, `tiny:llava`, `tiny:qwen2_5_vl` and `tiny:qwen3_vl`) in `train.model.path` build one in the workspace once (as
 `tiny:<family>` does for diffusion).
 
 | part      | size                                                                                          |
@@ -17,8 +17,8 @@ from pathlib import Path
 
 import torch
 
-# the VLMs: llava (models/tiny_vlm.py: LLaVA with a Qwen2 decoder), qwen2_5_vl (models/tiny_qwen_vl.py: M-RoPE)
-TINY_LMS = ("qwen3", "qwen2", "llava", "qwen2_5_vl")
+# the VLMs: llava (models/tiny_vlm.py: LLaVA with a Qwen2 decoder), qwen2_5_vl and qwen3_vl (tiny_qwen_vl.py: M-RoPE)
+TINY_LMS = ("qwen3", "qwen2", "llava", "qwen2_5_vl", "qwen3_vl")
 
 
 def build_tiny_lm(arch: str = "qwen3", seed: int = 0):
@@ -47,15 +47,15 @@ def build_tiny_lm(arch: str = "qwen3", seed: int = 0):
 
 def write_tiny_lm(folder: str | Path, arch: str = "qwen3", seed: int = 0) -> Path:
     """Write the tiny `arch` (about 150 KB) where `AutoModelForCausalLM`/`AutoTokenizer.from_pretrained` load it
-    (the VLMs `llava` and `qwen2_5_vl`: which `AutoModelForImageTextToText` and their processors load)."""
+    (the VLMs `llava`, `qwen2_5_vl` and `qwen3_vl`: which `AutoModelForImageTextToText` and their processors load)."""
     if arch == "llava":
         from unirl_core.models.tiny_vlm import write_tiny_vlm
 
         return write_tiny_vlm(folder, seed)
-    if arch == "qwen2_5_vl":
+    if arch in ("qwen2_5_vl", "qwen3_vl"):
         from unirl_core.models.tiny_qwen_vl import write_tiny_qwen_vl
 
-        return write_tiny_qwen_vl(folder, seed)
+        return write_tiny_qwen_vl(folder, seed, arch)
     out = Path(folder)
     if out.exists() and (not out.is_dir() or any(out.iterdir())):
         raise FileExistsError(f"{out} exists and is not an empty folder; choose a new folder or remove it")

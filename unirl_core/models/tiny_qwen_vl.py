@@ -1,5 +1,5 @@
-"""A tiny Qwen2.5-VL, random weights, for the autoregressive domain's VLM tests and the `demo_vlm` recipe:
-`tiny:qwen2_5_vl` in `train.model.path` builds it in the workspace once.
+"""A tiny Qwen2.5-VL (and Qwen3-VL), random weights, for the autoregressive domain's VLM tests and the `demo_vlm`
+recipe: `tiny:qwen2_5_vl` (`tiny:qwen3_vl`) in `train.model.path` builds it in the workspace once.
 
 It is what makes the 3-D rotary positions (M-RoPE: temporal, height, width) tested on CPU: the folder has the layout
 of a Qwen/Qwen2.5-VL-*-Instruct checkpoint (`Qwen2_5_VLForConditionalGeneration` weights and config, the Qwen2-VL
@@ -11,6 +11,7 @@ image processor's preprocessor_config.json, a Qwen2 tokenizer with the vision to
 | part      | size                                                                                           |
 |-----------|------------------------------------------------------------------------------------------------|
 | vision    | ViT, 56 x 56 images (min = max pixels), 14 px patches, 2 x 2 merge: 16 patches, 4 image tokens  |
+|           | (Qwen3-VL: 64 x 64 images, 16 px patches, DeepStack from block 0, interleaved M-RoPE)            |
 | text      | Qwen2.5-VL decoder, hidden 64, 2 layers, 4 heads (2 kv) of 16, M-RoPE sections [2, 3, 3]      |
 | tokenizer | byte-level BPE (`models.tiny_vlm.tiny_qwen_tokenizer`) plus the four Qwen-VL vision tokens       |
 """
@@ -37,9 +38,19 @@ def chat_template() -> str:
     )
 
 
-def build_tiny_qwen_vl(seed: int = 0):
-    """(Qwen2_5_VLForConditionalGeneration, image processor, tokenizer), weights drawn from `seed`."""
-    from transformers import Qwen2_5_VLConfig, Qwen2_5_VLForConditionalGeneration
+# arch -> (vision config, M-RoPE settings, image size): Qwen2.5-VL's windowed ViT of 14 px patches; Qwen3-VL's ViT of
+# 16 px patches with learned position embeddings (4 x 4) and a DeepStack feature from its first block
+ARCHS = {
+    "qwen2_5_vl": (dict(patch_size=14, window_size=28, fullatt_block_indexes=[1]),
+                   {"rope_theta": 1e6, "mrope_section": [2, 3, 3]}, 56),
+    "qwen3_vl": (dict(patch_size=16, num_position_embeddings=16, deepstack_visual_indexes=[0]),
+                 {"rope_theta": 5e6, "mrope_section": [2, 3, 3], "mrope_interleaved": True}, 64),
+}  # fmt: skip
+
+
+def build_tiny_qwen_vl(seed: int = 0, arch: str = "qwen2_5_vl"):
+    """(the `arch` model, image processor, tokenizer), weights drawn from `seed`."""
+    import transformers
     from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import Qwen2VLImageProcessorPil
 
     from unirl_core.models.tiny_vlm import tiny_qwen_tokenizer
@@ -47,57 +58,35 @@ def build_tiny_qwen_vl(seed: int = 0):
     tokenizer = tiny_qwen_tokenizer(extra_special=VISION_TOKENS)
     tokenizer.chat_template = chat_template()
     ids = {t: tokenizer.convert_tokens_to_ids(t) for t in ("<|endoftext|>", "<|im_end|>", *VISION_TOKENS)}
-    pixels = TINY_QWEN_VL_IMAGE_SIZE**2
-    config = Qwen2_5_VLConfig(
-        vision_config=dict(
-            depth=2,
-            hidden_size=16,
-            intermediate_size=32,
-            num_heads=2,
-            patch_size=14,
-            spatial_merge_size=2,
-            temporal_patch_size=2,
-            window_size=28,
-            out_hidden_size=64,
-            fullatt_block_indexes=[1],
-            initializer_range=0.2,
-        ),  # fmt: skip
-        text_config=dict(
-            vocab_size=len(tokenizer),
-            hidden_size=64,
-            intermediate_size=128,
-            num_hidden_layers=2,
-            num_attention_heads=4,
-            num_key_value_heads=2,
-            max_position_embeddings=512,
-            rope_parameters={"rope_type": "default", "rope_theta": 1e6, "mrope_section": [2, 3, 3]},
-            bos_token_id=ids["<|endoftext|>"],
-            eos_token_id=ids["<|im_end|>"],
-            pad_token_id=ids["<|endoftext|>"],
-            initializer_range=0.1,
-        ),  # fmt: skip
-        image_token_id=ids["<|image_pad|>"],
-        video_token_id=ids["<|video_pad|>"],
-        vision_start_token_id=ids["<|vision_start|>"],
-        vision_end_token_id=ids["<|vision_end|>"],
-    )
-    image_processor = Qwen2VLImageProcessorPil(min_pixels=pixels, max_pixels=pixels, patch_size=14, merge_size=2,
-                                               temporal_patch_size=2)  # fmt: skip
+    vision, rope, size = ARCHS[arch]
+    name = {"qwen2_5_vl": "Qwen2_5_VL", "qwen3_vl": "Qwen3VL"}[arch]
+    config = getattr(transformers, f"{name}Config")(
+        vision_config=dict(depth=2, hidden_size=16, intermediate_size=32, num_heads=2, spatial_merge_size=2,
+                           temporal_patch_size=2, out_hidden_size=64, initializer_range=0.2, **vision),
+        text_config=dict(vocab_size=len(tokenizer), hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                         num_attention_heads=4, num_key_value_heads=2, head_dim=16, max_position_embeddings=512,
+                         rope_parameters={"rope_type": "default", **rope}, bos_token_id=ids["<|endoftext|>"],
+                         eos_token_id=ids["<|im_end|>"], pad_token_id=ids["<|endoftext|>"], initializer_range=0.1),
+        image_token_id=ids["<|image_pad|>"], video_token_id=ids["<|video_pad|>"],
+        vision_start_token_id=ids["<|vision_start|>"], vision_end_token_id=ids["<|vision_end|>"],
+    )  # fmt: skip
+    image_processor = Qwen2VLImageProcessorPil(min_pixels=size**2, max_pixels=size**2, patch_size=vision["patch_size"],
+                                               merge_size=2, temporal_patch_size=2)  # fmt: skip
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
-        model = Qwen2_5_VLForConditionalGeneration(config)
+        model = getattr(transformers, f"{name}ForConditionalGeneration")(config)
     model.generation_config.eos_token_id = ids["<|im_end|>"]
     model.generation_config.pad_token_id = ids["<|endoftext|>"]
     return model.eval(), image_processor, tokenizer
 
 
-def write_tiny_qwen_vl(folder: str | Path, seed: int = 0) -> Path:
+def write_tiny_qwen_vl(folder: str | Path, seed: int = 0, arch: str = "qwen2_5_vl") -> Path:
     """Write the tiny Qwen2.5-VL folder (about 250 KB) that `AutoModelForImageTextToText.from_pretrained` and
     `domains.ar.processors.load_processor` load offline; same seed, same weights."""
     out = Path(folder)
     if out.exists() and (not out.is_dir() or any(out.iterdir())):
         raise FileExistsError(f"{out} exists and is not an empty folder; choose a new folder or remove it")
-    model, image_processor, tokenizer = build_tiny_qwen_vl(seed)
+    model, image_processor, tokenizer = build_tiny_qwen_vl(seed, arch)
     model.save_pretrained(out, safe_serialization=True)
     image_processor.save_pretrained(out)
     tokenizer.save_pretrained(out)

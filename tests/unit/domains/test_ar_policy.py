@@ -92,7 +92,8 @@ def test_top_p_keeps_the_smallest_set_that_reaches_p():
     assert nucleus(logits, 1.0).isfinite().all()
 
 
-VLMS = {"llava": (32, ["<image>"]), "qwen2_5_vl": (56, ["<|image_pad|>", "<|video_pad|>"])}  # size, placeholders
+QWEN_PLACEHOLDERS = ["<|image_pad|>", "<|video_pad|>"]
+VLMS = {"llava": (32, ["<image>"]), "qwen2_5_vl": (56, QWEN_PLACEHOLDERS), "qwen3_vl": (64, QWEN_PLACEHOLDERS)}
 
 
 @pytest.mark.parametrize("arch", VLMS)
@@ -107,7 +108,7 @@ def test_a_vlms_rollout_log_probs_equal_a_direct_forward_with_its_images(arch, t
     size, placeholders = VLMS[arch]
     folder = write_tiny_lm(tmp_path / f"tiny-{arch}", arch)
     lm = policy(folder, "train.model.lora=null")
-    assert lm.is_vlm and len(lm.blocks()) == 2 and (lm.mrope is not None) == (arch == "qwen2_5_vl")
+    assert lm.is_vlm and len(lm.blocks()) == 2 and (lm.mrope is not None) == (arch != "llava")
     images = [Image.new("RGB", (size, size), "red"), None, Image.new("RGB", (size, size), "blue")]
     out = lm.generate(PROMPTS, generators(3, 3), images)
     assert out.has_image == [True, False, True] and out.vision_of(torch.tensor([2]))  # the blue image goes with row 2
@@ -130,15 +131,17 @@ def test_a_vlms_rollout_log_probs_equal_a_direct_forward_with_its_images(arch, t
     assert not torch.equal(red, blue)  # the image reaches the tokens
 
 
-def test_qwen_vls_greedy_completions_equal_transformers_generate_on_a_left_padded_batch(tmp_path):
-    """Decoding with the KV cache goes on from each row's largest 3-D position: the tiny Qwen2.5-VL's greedy
+@pytest.mark.parametrize("arch", ["qwen2_5_vl", "qwen3_vl"])
+def test_qwen_vls_greedy_completions_equal_transformers_generate_on_a_left_padded_batch(arch, tmp_path):
+    """Decoding with the KV cache goes on from each row's largest 3-D position: the tiny Qwen-VLs' greedy
     completions of a left-padded batch (rows with and without an image) equal those of the model's own `generate`
     (which tracks the positions through its rope deltas), with the placeholders banned there too."""
     from PIL import Image
 
-    lm = policy(write_tiny_lm(tmp_path / "tiny-qwen-vl", "qwen2_5_vl"), "train.model.lora=null",
+    lm = policy(write_tiny_lm(tmp_path / "tiny-qwen-vl", arch), "train.model.lora=null",
                 "train.domain.max_new_tokens=12")  # fmt: skip
-    images = [Image.new("RGB", (56, 84), "red"), None, Image.new("RGB", (56, 56), "blue")]
+    size = VLMS[arch][0]
+    images = [Image.new("RGB", (size, size * 3 // 2), "red"), None, Image.new("RGB", (size, size), "blue")]
     ours = lm.generate(PROMPTS, None, images)
     texts = [lm.prompt_text(p, image is not None) for p, image in zip(PROMPTS, images, strict=True)]
     batch = lm.processor(text=texts, images=[images[0], images[2]], padding=True, return_tensors="pt")

@@ -11,8 +11,8 @@ from unirl_core.domains.base import DomainConfig
 
 
 class ARDomainConfig(DomainConfig):
-    """`train.domain` with `name: ar`: the policy is `train.model.path` (a transformers causal-LM folder, or
-    `tiny:qwen3` / `tiny:qwen2`), trained with LoRA (`train.model.lora`, e.g. target_modules [q_proj, k_proj,
+    """`train.domain` with `name: ar`: the policy is `train.model.path` (a transformers causal-LM or VLM folder, or
+    `tiny:qwen3` / `tiny:qwen2` / `tiny:llava` / `tiny:qwen2_5_vl` / `tiny:qwen3_vl`), trained with LoRA (`train.model.lora`, e.g. target_modules [q_proj, k_proj,
     v_proj, o_proj]) or fully (`lora: null`)."""
 
     name: Literal["ar"] = "ar"
