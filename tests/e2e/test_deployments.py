@@ -23,6 +23,8 @@ from pathlib import Path
 import psutil
 import pytest
 
+from unirl_core.tracking.mlflow_ui import metric_key
+
 pytestmark = pytest.mark.slow
 ROOT = Path(__file__).parents[2]
 BIN = Path(sys.executable).parent
@@ -174,7 +176,7 @@ def test_deployments_run_trigger_schedule_and_cancel(served):
     client = MlflowClient(env["MLFLOW_TRACKING_URI"])
     record = json.loads((root / "pipeline-out" / "mlflow_run.json").read_text())
     run = client.get_run(record["run_id"])
-    assert len(client.get_metric_history(run.info.run_id, "reward_mean")) == 2
+    assert len(client.get_metric_history(run.info.run_id, metric_key("reward_mean"))) == 2
     assert run.data.tags["prefect.flow_run_id"]
     assert client.get_model_version_by_alias("unirl-pipeline_demo", "candidate").run_id == run.info.run_id
     champion = client.get_model_version_by_alias("unirl-pipeline_demo", "champion")  # the gate ran: the first version

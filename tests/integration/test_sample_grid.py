@@ -17,8 +17,8 @@ def test_only_the_grid_images_reach_the_controller(tmp_path, monkeypatch):
     returned: list[int] = []
     rollout = TrainWorker.rollout
 
-    def counting(self, samples, step, want_outputs=()):
-        result = rollout(self, samples, step, want_outputs)
+    def counting(self, samples, step, want_outputs=(), extend=False):
+        result = rollout(self, samples, step, want_outputs, extend)
         returned.append(len(result["outputs"]))
         return result
 
