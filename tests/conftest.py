@@ -27,6 +27,12 @@ os.environ.setdefault("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", "120")
 os.environ.setdefault("DO_NOT_TRACK", "1")
 os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")  # Prefect server telemetry: not DO_NOT_TRACK
 os.environ["UNIRL_HOME"] = tempfile.mkdtemp(prefix="unirl-home-")
+# One Prefect database per test worker, migrated by the first temporary server: `unirl` keeps one per workspace
+# (flows/console.workspace_prefect_database), and a fresh one per test's workspace costs its migrations every time.
+os.environ.setdefault(
+    "PREFECT_SERVER_DATABASE_CONNECTION_URL",
+    f"sqlite+aiosqlite:///{tempfile.mkdtemp(prefix='unirl-prefect-')}/prefect.db",
+)
 
 import ipaddress  # noqa: E402
 import socket  # noqa: E402
