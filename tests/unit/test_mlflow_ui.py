@@ -116,3 +116,23 @@ def test_run_links_open_the_uis_machine_learning_side(tmp_path, client, monkeypa
     monkeypatch.setenv("MLFLOW_TRACKING_URI", "http://127.0.0.1:5311")
     lookup = lambda: type("Run", (), {"info": type("Info", (), {"experiment_id": "3"})})  # noqa: E731
     assert run_url("abc", lookup) == "http://127.0.0.1:5311/#/experiments/3/runs/abc?workflowType=machine_learning"
+
+
+def test_a_run_left_running_by_a_dead_process_counts_the_time_since_its_last_metric_as_idle(
+    tmp_path, client, monkeypatch
+):
+    """A process killed mid-run leaves its run RUNNING; reopened after STALE_AFTER_S without a metric, the time
+    since its last metric is idle (not in its duration); reopened sooner, nothing is."""
+    from unirl_core.tracking import run_tracker
+
+    killed = tracker(tmp_path / "out")
+    killed.log_metrics({"reward_mean": -1.0}, step=0)  # then the process dies: no finish()
+    monkeypatch.setattr(run_tracker, "STALE_AFTER_S", 1.0)
+    assert tracker(tmp_path / "out").idle_ms == 0  # reopened at once: a live restart, no idle time
+    time.sleep(1.5)
+    again = tracker(tmp_path / "out")
+    assert again.run_id == killed.run_id and again.idle_ms >= 1000
+    again.finish()
+    info = client.get_run(killed.run_id).info
+    assert float(client.get_run(killed.run_id).data.tags["unirl.idle_seconds"]) >= 1.0
+    assert (info.end_time - info.start_time) / 1000 < 1.5  # the 1.5 s since the metric left out
