@@ -863,14 +863,14 @@ def shards_inspect(
 @app.command()
 def families() -> None:
     """List the model families `train.model.family` accepts: the diffusers pipeline each loads, what it trains,
-    how it is sampled and guided, and how a condition image enters."""
+    whether it makes images or videos, how it is sampled and guided, and how a condition image enters."""
     from unirl_core.models.registry import family_class, family_names
 
-    modes = {"start": "image-to-image", "reference": "edit (reference image)"}
-    rows = [("family", "pipeline", "denoiser", "sampler", "guidance", "condition image")]
+    modes = {"start": "image-to-image", "reference": "edit (reference image)", "none": "-"}
+    rows = [("family", "pipeline", "denoiser", "outputs", "sampler", "guidance", "condition image")]
     for name in family_names():
         cls = family_class(name)
-        rows.append((name, cls.pipeline_class, cls.denoiser_name, cls.sampler, cls.guidance,
+        rows.append((name, cls.pipeline_class, cls.denoiser_name, cls.outputs, cls.sampler, cls.guidance,
                      modes.get(cls.condition_mode, cls.condition_mode)))  # fmt: skip
     echo_table(rows)
 

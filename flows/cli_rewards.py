@@ -1,5 +1,5 @@
-"""`unirl rewards`: list the reward names, score your own images with any of them, check a recipe's rewards load
-and score (with timings) before a run spends GPUs on them."""
+"""`unirl rewards`: list the reward names, score your own images or videos with any of them, check a recipe's
+rewards load and score (with timings) before a run spends GPUs on them."""
 
 from __future__ import annotations
 
@@ -37,9 +37,24 @@ def rewards_list() -> None:
     echo_table(rows)
 
 
+FramesOption = Annotated[
+    str | None,
+    typer.Option(help="Videos: the frames image rewards score, first | mean | min (default: the recipe's "
+                 "train.reward.video.frames, else first)."),
+]  # fmt: skip
+SampleFramesOption = Annotated[
+    int | None,
+    typer.Option(help="Videos, with mean or min: frames scored per video, evenly spaced (default: the recipe's "
+                 "train.reward.video.sample_frames, else 4).", min=1),
+]  # fmt: skip
+
+
 @rewards_app.command("score")
 def rewards_score(
-    images: Annotated[list[Path], typer.Argument(help="Image files (any format Pillow reads).")],
+    images: Annotated[
+        list[Path],
+        typer.Argument(help="Image files (any format Pillow reads), or video files (.mp4, .webm, .mov, .mkv, .avi)."),
+    ],
     reward: Annotated[list[str], typer.Option("--reward", "-r", help="Reward name (repeatable).")],
     prompt: Annotated[str | None, typer.Option(help="The prompt of every image.")] = None,
     prompts_file: Annotated[
@@ -50,32 +65,20 @@ def rewards_score(
     ] = None,
     recipe: Annotated[str | None, typer.Option(help="Take `train.reward` (model folders) from this recipe.")] = None,
     set_: Annotated[list[str] | None, typer.Option("--set", "-s", help=SET_HELP)] = None,
+    frames: FramesOption = None,
+    sample_frames: SampleFramesOption = None,
 ) -> None:
-    """Score IMAGES with each --reward: one row per image, one column per reward."""
-    from PIL import Image
-
+    """Score IMAGES (or videos) with each --reward: one row per file, one column per reward. Image rewards score a
+    video's frames, aggregated as `train.reward.video` (or --frames) says."""
     from unirl_core.rewards.registry import build_scorers
     from unirl_core.rewards.service import RewardService
 
-    if prompt is not None and prompts_file is not None:
-        raise UserError("give --prompt or --prompts-file, not both")
-    prompts = [prompt or ""] * len(images)
-    if prompts_file is not None:
-        prompts = prompts_file.read_text(encoding="utf-8").splitlines()
-        if len(prompts) != len(images):
-            raise UserError(
-                f"--prompts-file {prompts_file} has {len(prompts)} lines for {len(images)} images: one each"
-            )
-    loaded = []
-    for path in images:
-        try:
-            with Image.open(path) as image:
-                loaded.append(image.convert("RGB"))
-        except OSError as exc:
-            raise UserError(f"{path}: not an image Pillow can read ({exc})") from None
+    prompts = _prompts(prompt, prompts_file, len(images))
+    loaded = _outputs(images)
     config = _reward_config(recipe, set_).model_copy(update={"weights": dict.fromkeys(reward, 1.0), "guards": []})
+    video = _video_settings(config.video, frames, sample_frames)
     try:
-        service = RewardService(config.weights, [], build_scorers(config))
+        service = RewardService(config.weights, [], build_scorers(config), video, per_frame=list(config.remote))
     except (ValueError, FileNotFoundError) as exc:
         raise UserError(str(exc)) from None
     metadata = _metadata(metadata_file, len(images)) if metadata_file else None
@@ -85,6 +88,52 @@ def rewards_score(
         shown = prompts[i] if len(prompts[i]) <= 40 else prompts[i][:37] + "..."
         rows.append((str(path), shown, *(f"{scores[name][i]:.4f}" for name in reward)))
     echo_table(rows)
+
+
+def _prompts(prompt: str | None, prompts_file: Path | None, count: int) -> list[str]:
+    if prompt is not None and prompts_file is not None:
+        raise UserError("give --prompt or --prompts-file, not both")
+    if prompts_file is None:
+        return [prompt or ""] * count
+    prompts = prompts_file.read_text(encoding="utf-8").splitlines()
+    if len(prompts) != count:
+        raise UserError(f"--prompts-file {prompts_file} has {len(prompts)} lines for {count} images: one each")
+    return prompts
+
+
+def _outputs(paths: list[Path]) -> list:
+    """The files as RGB images or, by their suffix, as videos (`unirl_core.data.video.Video`); not both kinds."""
+    from PIL import Image
+
+    from unirl_core.data.video import VIDEO_SUFFIXES, read_video
+
+    videos = [path.suffix.lower() in VIDEO_SUFFIXES for path in paths]
+    if any(videos) and not all(videos):
+        raise UserError("give image files or video files, not both: image rewards score a video's frames")
+    loaded = []
+    for path in paths:
+        try:
+            if path.suffix.lower() in VIDEO_SUFFIXES:
+                loaded.append(read_video(path))
+                continue
+            with Image.open(path) as image:
+                loaded.append(image.convert("RGB"))
+        except OSError as exc:
+            raise UserError(f"{path}: not an image Pillow can read ({exc})") from None
+        except ValueError as exc:  # read_video's, naming the file
+            raise UserError(str(exc)) from None
+    return loaded
+
+
+def _video_settings(section, frames: str | None, sample_frames: int | None):
+    """`train.reward.video` with the command's --frames / --sample-frames over it."""
+    from pydantic import ValidationError
+
+    updates = {k: v for k, v in {"frames": frames, "sample_frames": sample_frames}.items() if v is not None}
+    try:
+        return type(section).model_validate(section.model_dump() | updates)
+    except ValidationError:
+        raise UserError(f"--frames {frames}: choose first, mean or min") from None
 
 
 def _metadata(path: Path, count: int) -> list[dict]:
@@ -112,22 +161,17 @@ def rewards_check(
     batch: Annotated[int, typer.Option(help="Placeholder images scored per reward.", min=1)] = 8,
     set_: Annotated[list[str] | None, typer.Option("--set", "-s", help=SET_HELP)] = None,
 ) -> None:
-    """Load every reward RECIPE weights or guards and score a batch of placeholder images at its sampling size with
-    the recipe's first prompts (and their metadata): the load time, the seconds per image and the scores' range, per
-    reward. Exit 2 if one cannot load or score."""
-    import numpy as np
-    from PIL import Image
-
+    """Load every reward RECIPE weights or guards and score a batch of placeholder images (videos, for a video
+    family) at its sampling size with the recipe's first prompts (and their metadata): the load time, the seconds
+    per image and the scores' range, per reward. Exit 2 if one cannot load or score."""
     from unirl_core.config import load_recipe
     from unirl_core.data.sources import build_source
     from unirl_core.rewards.registry import build_scorers
     from unirl_core.rewards.service import RewardService
 
     train = load_recipe(recipe, set_ or []).train
-    config, sampling = train.reward, train.sampling
-    rng = np.random.default_rng(0)
-    images = [Image.fromarray(rng.integers(0, 256, (sampling.height, sampling.width, 3), dtype=np.uint8))
-              for _ in range(batch)]  # fmt: skip
+    config = train.reward
+    images = _placeholders(train, batch)
     try:
         examples = build_source(train.data).next_batch()
     except (OSError, ValueError) as exc:
@@ -140,7 +184,7 @@ def rewards_check(
         single = config.model_copy(update={"weights": {name: 1.0}, "guards": []})
         started = time.perf_counter()
         try:
-            service = RewardService(single.weights, [], build_scorers(single))
+            service = RewardService(single.weights, [], build_scorers(single), single.video, list(single.remote))
         except (ValueError, FileNotFoundError, OSError) as exc:
             raise UserError(f"reward {name}: {exc}") from None
         loaded = time.perf_counter()
@@ -152,3 +196,20 @@ def rewards_check(
         rows.append((name, role, f"{loaded - started:.2f}", f"{per_image:.4f}", f"{scores.min():.4f}",
                      f"{scores.max():.4f}"))  # fmt: skip
     echo_table(rows)
+
+
+def _placeholders(train, batch: int) -> list:
+    """`batch` random images at the recipe's sampling size, or videos of its `num_frames` (5 when unset) for a
+    family whose outputs are videos."""
+    import numpy as np
+    from PIL import Image
+
+    from unirl_core.data.video import Video
+    from unirl_core.domains.registry import domain_class
+
+    sampling, rng = train.sampling, np.random.default_rng(0)
+    videos = domain_class(train.domain.name).outputs_of(train) == "video"
+    frames = (getattr(sampling, "num_frames", None) or 5) if videos else 1
+    images = [[Image.fromarray(rng.integers(0, 256, (sampling.height, sampling.width, 3), dtype=np.uint8))
+               for _ in range(frames)] for _ in range(batch)]  # fmt: skip
+    return [Video(tuple(f), getattr(sampling, "fps", None) or 16.0) if videos else f[0] for f in images]

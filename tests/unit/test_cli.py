@@ -112,6 +112,7 @@ def test_recipes_lists_packaged_recipes():
         "demo_llm",
         "demo_mixgrpo",
         "demo_mixgrpo_flash",
+        "demo_video",
         "demo_vlm",
         "flux2_klein_grpo",
         "flux_dev_grpo",
@@ -136,6 +137,7 @@ def test_recipes_lists_packaged_recipes():
         "sd35_medium_mixgrpo_flash",
         "sd35_pickscore_grpo",
         "sdxl_ddpo",
+        "wan2_1_t2v_ocr_grpo",
     ]
 
 

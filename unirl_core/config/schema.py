@@ -90,6 +90,13 @@ class SamplingConfig(StrictModel):
     negative_prompt: str = ""
     """Negative prompt used for every sample when guidance is on; empty means the unconditional embedding."""
 
+    num_frames: Annotated[Count, Field(ge=1)] | None = None
+    """Frames per video (video families only; Wan: (num_frames - 1) % 4 == 0, e.g. 33 or 81). Empty for image
+    families, which refuse it."""
+
+    fps: Annotated[float, Field(gt=0)] | None = None
+    """Frame rate of the videos (their mp4s and what video rewards read); empty: the family's native rate (Wan 16)."""
+
     share_group_noise: bool = False
     """Siblings (the samples of one prompt) start from the same initial noise, so the group's differences come
     only from the SDE noise of the stochastic steps."""
@@ -168,6 +175,10 @@ class ModelConfig(StrictModel):
     vae_tiling: bool = False
     """Decode (and encode condition images) in overlapping tiles (diffusers' `vae.enable_tiling()`): bounded VAE
     memory at any resolution; images differ slightly from untiled decoding at the tile seams."""
+
+    experts: list[str] | None = None
+    """Which denoisers train, for a family with several (Wan 2.2 A14B: `transformer`, the high-noise expert, and
+    `transformer_2`, the low-noise one); the others stay frozen. Empty: all of them. Other families refuse it."""
 
 
 def _algorithm_tag(value) -> str:
@@ -430,12 +441,25 @@ class RewardActorsConfig(StrictModel):
     the step fails as transient and the round resumes from its last committed checkpoint."""
 
 
+class VideoRewardConfig(StrictModel):
+    """How image rewards score videos (a video family's outputs): on which frames, and how those scores become the
+    video's one score. Video rewards (`frame_smoothness`, `temporal_consistency`) read every frame regardless."""
+
+    frames: Literal["first", "mean", "min"] = "first"
+    """`first`: the first frame's score (UniRL's: PickScore of frame 0). `mean` / `min`: the mean / the lowest
+    score of `sample_frames` frames (min: a video is as good as its worst frame)."""
+
+    sample_frames: Annotated[Count, Field(ge=1)] = 4
+    """`mean`, `min`: frames scored per video, evenly spaced with the first and the last included (every frame of
+    a shorter video). Per video, so the image rewards score this many times the batch."""
+
+
 class RewardConfig(StrictModel):
     """How images are scored: a weighted sum of named rewards, plus guards that are scored but not trained on.
 
-    Names: the weight-free ones (unirl_core/rewards/functions.py), the model rewards (`clip_score` needs `clip`;
-    `aesthetic`, `pickscore`, `hpsv2`, `ocr`, `imagereward`, `geneval`, `vlm_judge`, `llm_judge` their own section), and
-    every key of `remote`."""
+    Names: the weight-free ones (unirl_core/rewards/functions.py; of videos: rewards/video.py), the model rewards
+    (`clip_score` and `temporal_consistency` need `clip`; `aesthetic`, `pickscore`, `hpsv2`, `ocr`, `imagereward`,
+    `geneval`, `vlm_judge`, `llm_judge` their own section), and every key of `remote`."""
 
     weights: dict[str, float] = {"jpeg_compressibility": 1.0}
     """Reward name -> weight in the total reward."""
@@ -489,6 +513,9 @@ class RewardConfig(StrictModel):
     actors: RewardActorsConfig = RewardActorsConfig()
     """`dedicated`: how many reward actors, and their resources."""
 
+    video: VideoRewardConfig = VideoRewardConfig()
+    """Video outputs: which frames the image rewards score, and how their scores aggregate per video."""
+
     def problems(self) -> Iterator[Problem]:
         from unirl_core.rewards.names import builtin_names, is_plugin, plugin_reward
 
@@ -532,6 +559,7 @@ class RewardConfig(StrictModel):
             ("imagereward", "imagereward.tokenizer_path", imagereward.tokenizer_path, "a bert-base-uncased folder"),
             ("ocr", "ocr.model_path", ocr.model_path, "a local OCR model folder, e.g. microsoft/trocr-base-printed"),
             ("clip_score", "clip.model_path", clip.model_path, "a local CLIP folder (or drop clip_score)"),
+            ("temporal_consistency", "clip.model_path", clip.model_path, "a local CLIP folder (frame embeddings)"),
             ("pickscore", "pickscore.model_path", pickscore.model_path, "a local copy of yuvalkirstain/PickScore_v1"),
             ("aesthetic", "aesthetic.clip_model_path", aesthetic.clip_model_path, "a local CLIP ViT-L/14 folder"),
             ("aesthetic", "aesthetic.head_path", aesthetic.head_path, "the head's .safetensors file"),
@@ -659,7 +687,8 @@ class WarmupConfig(StrictModel):
     """AdamW learning rate of the warm-up (constant)."""
 
     latent_key: str = "image_latent"
-    """Encoding key of the VAE latents in the precache shards (an `AutoencoderKLEncoder` of the trained model's VAE)."""
+    """Encoding key of the VAE latents in the precache shards (a `PipelineImageEncoder` or `AutoencoderKLEncoder` of
+    the trained model's VAE; for a video family, a `modality: video` encoding's [C, F, h, w] latents)."""
 
     text_key: str = "prompt_conditioning"
     """Encoding key of the text conditioning (a `PipelinePromptEncoder` of the trained model: exactly what rollouts

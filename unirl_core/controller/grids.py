@@ -1,6 +1,7 @@
 """The grids a round writes: the sample grid of an RL round's last step and the evaluation grid (deterministic
-samples of the evaluation prompts), each drawn by the domain (`Domain.grid`: images for diffusion) as a PNG under
-`<output_dir>/samples/` and an MLflow image."""
+samples of the evaluation prompts), each drawn by the domain (`Domain.grid`: images for diffusion, frame strips for
+videos) as a PNG under `<output_dir>/samples/` and an MLflow image. Video samples are also kept as mp4 files with
+their prompts, beside the grid (`samples/round_NNN_step_N/`, on disk and in MLflow)."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ from pathlib import Path
 
 from unirl_core.controller.round_plan import plan_rounds
 from unirl_core.data.sources import build_source
+from unirl_core.data.video import is_video
 from unirl_core.domains.registry import domain_class
 from unirl_core.io.storage import write_bytes_atomic
 from unirl_core.worker.worker import TrainWorker
@@ -43,7 +45,25 @@ class Grids:
         grid = self.domain.grid(outputs, prompts, cols=cols)
         step = self.round.end - 1
         path = self.out / "samples" / f"round_{self.round.index:03d}_step_{step:08d}.png"
+        if outputs and all(is_video(output) for output in outputs):
+            self.save_videos(outputs, prompts, cols, path.with_suffix(""))
         return self.save_grid(grid, path, "samples", step)
+
+    def save_videos(self, videos: list, prompts: list[str], cols: int, folder: Path) -> None:
+        """The grid's videos as `<folder>/prompt_<row>_sample_<col>.mp4` with `prompts.json` (file name -> prompt),
+        and the folder to MLflow as `samples/<folder name>/`, beside the grid."""
+        import json
+
+        from unirl_core.data.video import encode_mp4
+
+        folder.mkdir(parents=True, exist_ok=True)
+        named = {}
+        for i, video in enumerate(videos):
+            name = f"prompt_{i // cols}_sample_{i % cols}.mp4"
+            write_bytes_atomic(str(folder / name), encode_mp4(video))
+            named[name] = prompts[i // cols]
+        write_bytes_atomic(str(folder / "prompts.json"), json.dumps(named, indent=1).encode())
+        self.mlflow_run.log_folder(folder, f"samples/{folder.name}")
 
     def save_table(self, rows: list[dict]) -> str:
         """The grid's samples as rows (prompt, sample id, the output when it is text, each reward) in

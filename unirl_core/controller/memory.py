@@ -7,10 +7,12 @@ Terms (bytes; b = the model dtype's bytes, W = workers; FSDP2 shards the trained
                                                                    are kept on the CPU: `model.text_encoders`)
     trainable     16 P_trainable / W                              (fp32 weight, gradient, Adam's two moments)
     rollout       N (1 + cfg) S h 12 b/2                          (one block's transients, no gradients: N samples
-                                                                   per worker, S tokens, h the width)
+                                                                   per worker, S tokens (a video's: every latent
+                                                                   frame's), h the width)
     VAE decode    n C0 H W 6 b                                    (a chunk of n = `model.vae_decode_batch` images at
                                                                    full resolution (512 px tiles with `vae_tiling`),
-                                                                   C0 the decoder's widest full-resolution channels)
+                                                                   C0 the decoder's widest full-resolution channels;
+                                                                   x 4 frames for Wan's causal video VAE)
     training      M (1 + cfg) S h 34 b/2 x L                      (Korthikanti et al. 2022: ~34 s b h bytes per
                   or x (2 L/34 + 1) with activation checkpointing  transformer layer at 16 bit; M the micro-batch)
 It is an estimate (+-30% on transformers; a UNet's per-level widths and token counts are folded into its first
@@ -65,35 +67,49 @@ def _width(config) -> int:
     return config.block_out_channels[0]  # a UNet: its first (full latent resolution) level
 
 
-def _trainable(denoiser: torch.nn.Module, lora) -> int:
+def _trainable(denoisers: list[torch.nn.Module], lora) -> int:
     if lora is None:
-        return sum(p.numel() for p in denoiser.parameters())
+        return sum(p.numel() for denoiser in denoisers for p in denoiser.parameters())
     from peft import LoraConfig
 
     with torch.device("meta"):
-        denoiser.add_adapter(LoraConfig(r=lora.rank, lora_alpha=lora.alpha, target_modules=list(lora.target_modules)))
-    return sum(p.numel() for name, p in denoiser.named_parameters() if "lora_" in name)
+        for denoiser in denoisers:
+            denoiser.add_adapter(LoraConfig(r=lora.rank, lora_alpha=lora.alpha,
+                                            target_modules=list(lora.target_modules)))  # fmt: skip
+    return sum(p.numel() for denoiser in denoisers for name, p in denoiser.named_parameters() if "lora_" in name)
+
+
+def _denoisers(family, components: dict, experts: list[str] | None) -> tuple[dict[str, torch.nn.Module], list]:
+    """The trained denoisers by component name (the family's one, or the experts that train: Wan 2.2) and their
+    blocks."""
+    names = (experts or list(family.expert_names)) if family.expert_names else [family.denoiser_name]
+    denoisers = {name: components[name] for name in names}
+    blocks = [block for module in denoisers.values() for block in family.blocks(SimpleNamespace(trainable=module))]
+    return denoisers, blocks
 
 
 def _weights(family, model, parameters: dict, largest_block: int, workers: int, text: int, b: int) -> dict:
-    """Bytes of the weights every phase holds: the denoiser's shard plus one gathered block, the text encoders (none
-    on the device when they live on the CPU), the VAE."""
+    """Bytes of the weights every phase holds: the denoiser's shard plus one gathered block (every expert of a
+    family with several: the rollout runs them all), the text encoders (none on the device when they live on the
+    CPU), the VAE."""
+    denoiser = sum(parameters[name] for name in (family.expert_names or (family.denoiser_name,)))
     from unirl_core.models.parts.text import text_encoder_placement
 
     placement = text_encoder_placement(
         model.text_encoders, "cuda", bool(model.text_embedding_cache), family.text_only_conditioning
     )
     return {
-        "denoiser weights (shard + one block)": (parameters[family.denoiser_name] / workers + largest_block) * b,
+        "denoiser weights (shard + one block)": (denoiser / workers + largest_block) * b,
         "text encoders" + (" (on the CPU)" if placement == "cpu" else ""): 0 if placement == "cpu" else text * b,
         "VAE": parameters.get("vae", 0) * b,
     }
 
 
-def _vae_decode(model, sampling, samples: int, vae_width: int, b: int) -> dict:
+def _vae_decode(model, sampling, samples: int, vae_width: int, b: int, frames: int = 1) -> dict:
     """{label: bytes} of the rollout's VAE decode: a chunk of `vae_decode_batch` images (tiles of 512 px squares,
-    plus overlap, with `vae_tiling`)."""
-    decode_pixels = sampling.height * sampling.width
+    plus overlap, with `vae_tiling`); a video VAE decodes `frames` pixel frames at a time (Wan's: one latent
+    frame, 4 pixel frames, with its causal cache)."""
+    decode_pixels = sampling.height * sampling.width * frames
     if model.vae_tiling:
         decode_pixels = min(sampling.height, 512) * min(sampling.width, 512)
     decode_batch = min(model.vae_decode_batch, samples)
@@ -101,11 +117,18 @@ def _vae_decode(model, sampling, samples: int, vae_width: int, b: int) -> dict:
     return {label: decode_batch * vae_width * decode_pixels * 6 * b}
 
 
+def _latent_frames(family, sampling) -> int:
+    """Latent frames of one sample: 1 for images, (num_frames - 1) / temporal stride + 1 for videos."""
+    if family.outputs != "video":
+        return 1
+    return ((sampling.num_frames or 1) - 1) // family.temporal_stride + 1
+
+
 def _tokens(family, sampling, variant: dict) -> int:
-    """Tokens of one sample in the denoiser: the image's (twice with an edit model's reference image) and the
-    text's (the variant's, else a typical count)."""
+    """Tokens of one sample in the denoiser: the image's (twice with an edit model's reference image; every latent
+    frame's for a video) and the text's (the variant's, else a typical count)."""
     stride = family.latent_stride
-    image_tokens = (sampling.height // stride) * (sampling.width // stride)
+    image_tokens = (sampling.height // stride) * (sampling.width // stride) * _latent_frames(family, sampling)
     return image_tokens * (2 if variant.get("reference_image") else 1) + variant.get("text_tokens", TEXT_TOKENS_UNKNOWN)
 
 
@@ -123,11 +146,10 @@ def memory_plan(config, source: str) -> MemoryPlan:
 
     family = family_class(config.model.family)
     components = meta_pipeline(source)
-    denoiser = components[family.denoiser_name]
-    blocks = family.blocks(SimpleNamespace(trainable=denoiser))
+    denoisers, blocks = _denoisers(family, components, config.model.experts)
     largest_block = max(parameter_count(block) for block in blocks)
     parameters = {name: parameter_count(module) for name, module in components.items()}
-    trainable = _trainable(denoiser, config.model.lora)
+    trainable = _trainable(list(denoisers.values()), config.model.lora)
 
     b = DTYPES[config.model.dtype].itemsize
     workers = config.ray.workers
@@ -135,15 +157,15 @@ def memory_plan(config, source: str) -> MemoryPlan:
     samples = config.data.prompts_per_rollout * sampling.samples_per_prompt // workers
     cfg = 2 if sampling.guidance_scale > 1.0 and family.cfg_branch else 1
     tokens = _tokens(family, sampling, VARIANTS.get(source, {}))
-    width = _width(denoiser.config)
+    width = _width(next(iter(denoisers.values())).config)
     micro = config.algorithm.micro_batch_size or samples
     text = sum(v for k, v in parameters.items() if k.startswith("text_encoder"))
     vae_config = getattr(components.get("vae"), "config", None)
-    vae_width = min(getattr(vae_config, "block_out_channels", [128]))
+    vae_width = min(getattr(vae_config, "block_out_channels", None) or [getattr(vae_config, "base_dim", 128)])
 
     model = config.model
     weights = _weights(family, model, parameters, largest_block, workers, text, b)
-    decode = _vae_decode(model, sampling, samples, vae_width, b)
+    decode = _vae_decode(model, sampling, samples, vae_width, b, max(1, family.temporal_stride))
     per_layer = micro * cfg * tokens * width * 34 * b / 2
     rollout = {
         **weights,
@@ -153,7 +175,9 @@ def memory_plan(config, source: str) -> MemoryPlan:
     training = {
         **weights,
         "trainable: weights, gradients, Adam": 16 * trainable / workers,
-        **_activations(per_layer, len(blocks), config.fsdp.activation_checkpointing),
+        **_activations(
+            per_layer, len(blocks) // len(denoisers), config.fsdp.activation_checkpointing
+        ),  # one expert a step
     }
     return MemoryPlan(
         source=source, family=family.name, parameters=parameters, trainable=trainable, workers=workers,

@@ -17,7 +17,8 @@ the worker group, EMA and checkpoints of the trained module.
         warmup_stack / warmup_step / warmup_eval: the supervised warm-up (domains with "warmup" in `stages`)
     controller side: class methods, no model built
         config_problems(config)            -> what this domain cannot train in the recipe (on loading it); with
-                                              `outputs` ("image", "text") set, rewards of the other kind too
+                                              `outputs_of(config)` ("image", "video", "text") known, rewards of
+                                              another kind too (image rewards score videos frame by frame)
         start_problems(config)             -> ... that the model's classes show (when training starts)
         title(config)                      -> what trains, in a few words
         grid(outputs, captions, cols)      -> a PIL image of outputs, a row per caption (sample and eval grids)
@@ -52,7 +53,7 @@ class Domain:
 
     config_class: ClassVar[type[DomainConfig]] = DomainConfig
     stages: ClassVar[frozenset[str]] = frozenset({"rl"})  # the round strategies it can train
-    outputs: ClassVar[str | None] = None  # what rewards score: "image", "text" (a reward of the other is refused)
+    outputs: ClassVar[str | None] = None  # what rewards score: "image", "video", "text" (see `outputs_of`)
 
     def __init__(self, config, device):
         self.config, self.device = config, device
@@ -91,21 +92,36 @@ class Domain:
         yield from cls._reward_problems(config)
 
     @classmethod
+    def outputs_of(cls, config) -> str | None:
+        """What this domain's outputs are under `config` (None: unknown, no reward is refused); a domain whose
+        outputs depend on its model (image or video diffusion families) overrides it."""
+        return cls.outputs
+
+    @classmethod
     def _reward_problems(cls, config) -> Iterator[tuple[str, Any, str]]:
-        """Rewards (trained, guards, `train.eval`'s) that score the other kind of output than this domain's."""
+        """Rewards (trained, guards, `train.eval`'s) that score another kind of output than this domain's (image
+        rewards score videos frame by frame, so they pass on videos)."""
         from unirl_core.rewards.names import modality
 
-        if cls.outputs is None:
+        outputs = cls.outputs_of(config)
+        if outputs is None:
             return
+        accepted = {"any", outputs} | ({"image"} if outputs == "video" else set())
+        kinds = " or ".join(f"{kind}s" for kind in sorted(accepted - {"any"}))
         used = [("weights", config.reward.weights), ("guards", config.reward.guards)]
         used += [("eval.rewards", config.eval.rewards)] if config.eval is not None else []
         for key, names in used:
             for reward in names:
-                if modality(reward) not in ("any", cls.outputs):
+                if modality(reward) not in accepted:
                     yield (f"reward.{key}.{reward}" if key != "eval.rewards" else f"eval.rewards.{reward}", reward,
-                           f"a reward of {cls.outputs}s, a remote scorer or a 'package.module:function': the "
-                           f"{config.domain.name} domain's outputs are {cls.outputs}s, and {reward} scores "
-                           f"{modality(reward)}s")  # fmt: skip
+                           f"a reward of {kinds}, a remote scorer or a "
+                           f"'package.module:function': {cls._whose(config)} outputs are {outputs}s, and {reward} "
+                           f"scores {modality(reward)}s")  # fmt: skip
+
+    @classmethod
+    def _whose(cls, config) -> str:
+        """Whose outputs, in the reward refusal (`the ar domain's`)."""
+        return f"the {config.domain.name} domain's"
 
     @classmethod
     def warmup_data(cls, config, precache):

@@ -9,7 +9,8 @@ not). An instance is the model the loop drives (`family` there).
 | text conditioning    | the `TextConditioning` part (`models/parts/text.py`; `PooledConditioning` its pooled      |
 |                      | variant): `encode_texts(texts)`, `encode(prompts)` (CFG halves), `text_identity()` (cache |
 |                      | key), `pack_conditioning` / `unpack_conditioning` (the precache form: one tensor per prompt)|
-| latents              | `latent_shape(h, w)`, `latent_stride`, `initial_noise(ids, seed, shape)`                  |
+| latents              | `sample_shape(sampling)` (`latent_shape(h, w)` for images), `latent_stride`,              |
+|                      | `initial_noise(ids, seed, shape)`; video families: `outputs = "video"`, `temporal_stride`  |
 | scheduler, sampler   | `schedule(n, shape)`, `transition(x, i, eta, cond, schedule, ..., sampling)`, `noised`,   |
 |                      | `sampler_kind`, `step_sampling(algorithm)` (the sampler and CFG gradient, per call)        |
 | condition images     | `condition_mode`: "start" (image-to-image from the noised image) or "reference" (edit     |
@@ -56,9 +57,13 @@ class Family(TextConditioning, VaeCodec, ClassifierFreeGuidance, ABC):
     text_only_skip: ClassVar[tuple[str, ...]]  # components not loaded for text conditioning alone (precache)
     # how a prompt's condition image (`media_refs` role "condition") enters a rollout: "start" denoises from the
     # noised image (image-to-image, `sampling.condition_strength`); "reference" denoises from noise with the image
-    # in the conditioning (edit models: FLUX.1-Kontext, Qwen-Image-Edit), see `with_condition_images`
+    # in the conditioning (edit models: FLUX.1-Kontext, Qwen-Image-Edit), see `with_condition_images`; "none": text
+    # only (a prompt with a condition image is refused, naming it)
     condition_mode: ClassVar[str] = "start"
     sampler: ClassVar[str] = "flow SDE"  # how rollouts sample (shown by `unirl families`)
+    outputs: ClassVar[str] = "image"  # what `decode` returns and the rewards score: "image" (PIL) or "video" (`Video`)
+    temporal_stride: ClassVar[int] = 0  # video families: pixel frames per latent frame, (num_frames - 1) % it == 0
+    expert_names: ClassVar[tuple[str, ...]] = ()  # several denoisers (Wan 2.2's experts): `train.model.experts`
     text_only_conditioning: ClassVar[bool] = True  # False: a prompt is encoded with its condition image only (no
     # text-only precache or warm-up; e.g. Qwen-Image-Edit's VLM reads the image with the prompt)
 
@@ -111,19 +116,10 @@ class Family(TextConditioning, VaeCodec, ClassifierFreeGuidance, ABC):
         self.has_lora = lora is not None
         if text_only or vae_only:
             return
-        self.trainable = getattr(pipeline, self.denoiser_name)
+        self.trainable = self.trained_module(lora)
         if lora is not None:
-            from peft import LoraConfig
-
-            config = LoraConfig(
-                r=lora.rank, lora_alpha=lora.alpha, target_modules=list(lora.target_modules),
-                init_lora_weights="gaussian",
-            )  # fmt: skip
-            self.trainable.add_adapter(config)
             for parameter in self.parameters():  # float32 master weights: a bf16 LoRA loses small updates
                 parameter.data = parameter.data.float()
-        else:
-            self.trainable.requires_grad_(True)
 
     # --- loading ------------------------------------------------------------------------------------------------
 
@@ -133,6 +129,11 @@ class Family(TextConditioning, VaeCodec, ClassifierFreeGuidance, ABC):
         """The tiny test pipeline (real classes, shrunk sizes, random weights from torch's current seed)."""
 
     # --- the trained module -------------------------------------------------------------------------------------
+
+    def trained_module(self, lora) -> torch.nn.Module:
+        """The module training updates: the denoiser, with the LoRA adapter added (or unfrozen). A family with
+        several denoisers (Wan 2.2's experts) returns a container of those it trains."""
+        return with_adapter(getattr(self.pipeline, self.denoiser_name), lora)
 
     @abstractmethod
     def blocks(self) -> list[torch.nn.Module]:
@@ -157,6 +158,10 @@ class Family(TextConditioning, VaeCodec, ClassifierFreeGuidance, ABC):
     def latent_shape(self, height: int, width: int) -> tuple[int, int, int]:
         factor = self.pipeline.vae_scale_factor
         return self.trainable.config.in_channels, height // factor, width // factor
+
+    def sample_shape(self, sampling) -> tuple[int, ...]:
+        """The latent shape of one sample of `train.sampling` (an image's [C, h, w]; a video family's [C, F, h, w])."""
+        return self.latent_shape(sampling.height, sampling.width)
 
     def initial_noise(self, sample_ids: list[str], seed: int, shape: tuple[int, ...]) -> torch.Tensor:
         """float32 latents, bit-identical for a (seed, sample id) whatever the batch."""
@@ -250,17 +255,19 @@ class Family(TextConditioning, VaeCodec, ClassifierFreeGuidance, ABC):
         - peft: `adapter_config.json` + `adapter_model.safetensors`, `PeftModel.from_pretrained(<denoiser>, folder)`;
         - diffusers: `pytorch_lora_weights.safetensors` (with the LoRA config as metadata, so alpha/rank holds),
           `<Pipeline>.from_pretrained(base).load_lora_weights(folder)`."""
+        self.export_module_adapter(self.trainable, folder, base_path, self.denoiser_name)
+
+    def export_module_adapter(self, module, folder: Path, base_path: str, component: str) -> None:
+        """`module`'s LoRA (the pipeline's `component`) into `folder`, in both forms (see `export_adapter`)."""
         import diffusers
         from peft import get_peft_model_state_dict
         from safetensors.torch import save_file
 
-        state = {
-            k: v.contiguous() for k, v in get_peft_model_state_dict(self.trainable, adapter_name="default").items()
-        }
+        state = {k: v.contiguous() for k, v in get_peft_model_state_dict(module, adapter_name="default").items()}
         # PeftModel's own layout: keys under base_model.model., the config with the base model's location
         save_file({f"base_model.model.{k}": v for k, v in state.items()}, str(folder / "adapter_model.safetensors"))
-        peft_config = sorted_sets(self.trainable.peft_config["default"])
-        peft_config.base_model_name_or_path = f"{base_path}/{self.denoiser_name}"
+        peft_config = sorted_sets(module.peft_config["default"])
+        peft_config.base_model_name_or_path = f"{base_path}/{component}"
         peft_config.save_pretrained(str(folder))
         getattr(diffusers, self.pipeline_class).save_lora_weights(
             str(folder), **{f"{self.denoiser_name}_lora_layers": state,
@@ -270,21 +277,36 @@ class Family(TextConditioning, VaeCodec, ClassifierFreeGuidance, ABC):
 
     def export_merged(self, folder: Path, base_path: str) -> None:
         """The whole pipeline with the LoRA merged into the denoiser's base weights (`save_pretrained`)."""
-        from peft.tuners.tuners_utils import BaseTunerLayer
-
-        merged = {}
-        if self.has_lora:
-            for module in self.trainable.modules():
-                if isinstance(module, BaseTunerLayer):
-                    module.merge()
-            for key, value in self.trainable.state_dict().items():
-                if "lora_" not in key:
-                    merged[key.replace(".base_layer.", ".")] = value
-        else:
-            merged = self.trainable.state_dict()
+        merged = merged_state(self.trainable, self.has_lora)
         base = type(self)(base_path, dtype=str(self.dtype).removeprefix("torch."), lora=None)
         getattr(base.pipeline, self.denoiser_name).load_state_dict(merged, strict=True)
         base.pipeline.save_pretrained(str(folder))
+
+
+def merged_state(module: torch.nn.Module, has_lora: bool) -> dict:
+    """`module`'s state dict with its LoRA merged into the base weights (under the base layers' own names)."""
+    if not has_lora:
+        return module.state_dict()
+    from peft.tuners.tuners_utils import BaseTunerLayer
+
+    for layer in module.modules():
+        if isinstance(layer, BaseTunerLayer):
+            layer.merge()
+    return {k.replace(".base_layer.", "."): v for k, v in module.state_dict().items() if "lora_" not in k}
+
+
+def with_adapter(module: torch.nn.Module, lora) -> torch.nn.Module:
+    """`module` with the recipe's LoRA adapter added (gaussian init: B starts at zero), or unfrozen without one."""
+    if lora is None:
+        module.requires_grad_(True)
+        return module
+    from peft import LoraConfig
+
+    config = LoraConfig(
+        r=lora.rank, lora_alpha=lora.alpha, target_modules=list(lora.target_modules), init_lora_weights="gaussian"
+    )
+    module.add_adapter(config)
+    return module
 
 
 def canonical_header(path: Path) -> None:

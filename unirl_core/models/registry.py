@@ -194,7 +194,11 @@ def build_family(model_config, sampling_config, device: str = "cpu") -> Family:
         resolve_model_path(model_config.path), device=device, dtype=model_config.dtype, lora=model_config.lora,
         guidance_scale=sampling_config.guidance_scale, negative_prompt=sampling_config.negative_prompt,
         text_encoders=placement, vae_decode_batch=model_config.vae_decode_batch, vae_tiling=model_config.vae_tiling,
+        **({"experts": model_config.experts} if model_config.experts else {}),
     )  # fmt: skip
+    if cls.outputs == "video":  # what the videos are made of (their length conditions image-to-video)
+        family.fps = sampling_config.fps or family.fps
+        family.num_frames = sampling_config.num_frames or 1
     if model_config.text_embedding_cache:
         family.attach_text_cache(model_config.text_embedding_cache)
     return family

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from unirl_core.rewards.functions import REWARDS
 from unirl_core.rewards.text import TEXT_REWARDS
+from unirl_core.rewards.video import VIDEO_MODEL_REWARDS, VIDEO_REWARDS
 
 MODEL_REWARDS = {
     "clip_score": "clip",
@@ -16,6 +17,7 @@ MODEL_REWARDS = {
     "geneval": "geneval",
     "vlm_judge": "vlm_judge",
     "llm_judge": "llm_judge",
+    **VIDEO_MODEL_REWARDS,
 }  # reward name -> its RewardConfig section
 TEXT_MODEL_REWARDS = {"llm_judge"}  # model rewards of text outputs
 METADATA_REWARDS = {"geneval"}  # scored with each prompt record's `metadata` (its checks)
@@ -37,13 +39,17 @@ def plugin_reward(name: str):
 
 
 def builtin_names() -> set[str]:
-    """Names that need no `remote` entry: the weight-free rewards (of images and of text) and the model rewards."""
-    return set(REWARDS) | set(TEXT_REWARDS) | set(MODEL_REWARDS)
+    """Names that need no `remote` entry: the weight-free rewards (of images, text and videos) and the model
+    rewards."""
+    return set(REWARDS) | set(TEXT_REWARDS) | set(VIDEO_REWARDS) | set(MODEL_REWARDS)
 
 
 def modality(name: str) -> str:
-    """What a reward scores: `image` (the weight-free image rewards and the model rewards), `text` (text.py's and
-    `llm_judge`), or `any` (remote scorers and `package.module:function` rewards: their authors decide)."""
+    """What a reward scores: `image` (the weight-free image rewards and the model rewards; on videos frame by frame),
+    `text` (text.py's and `llm_judge`), `video` (video.py's), or `any` (remote scorers and `package.module:function`
+    rewards: their authors decide)."""
     if name in TEXT_REWARDS or name in TEXT_MODEL_REWARDS:
         return "text"
+    if name in VIDEO_REWARDS or name in VIDEO_MODEL_REWARDS:
+        return "video"
     return "image" if name in REWARDS or name in MODEL_REWARDS else "any"

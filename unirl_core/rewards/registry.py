@@ -13,6 +13,8 @@
 | geneval       | OWLv2 + CLIP | `reward.geneval` + prompt metadata | geneval.py  |
 | vlm_judge     | chat VLM     | `reward.vlm_judge`               | vlm_judge.py  |
 | llm_judge     | chat LM      | `reward.llm_judge` (text outputs) | vlm_judge.py |
+| (weight-free) | video motion | nothing (video outputs)          | video.py      |
+| temporal_consistency | CLIP  | `reward.clip` (video outputs)    | video.py      |
 | <any key>     | HTTP server  | `reward.remote.<key>`            | remote.py     |
 
 Only the rewards a recipe weights or guards are built; a configured but unused one is skipped with a warning.
@@ -30,6 +32,7 @@ from PIL import Image
 
 from unirl_core.rewards.names import MODEL_REWARDS
 from unirl_core.rewards.text import DESCRIPTIONS as TEXT_DESCRIPTIONS
+from unirl_core.rewards.video import DESCRIPTIONS as VIDEO_DESCRIPTIONS
 
 if TYPE_CHECKING:
     from unirl_core.config.schema import RewardConfig
@@ -96,6 +99,12 @@ def _vlm_judge(config: RewardConfig, device: str) -> Scorer:
     return VlmJudgeScore(device=device, **config.vlm_judge.model_dump())
 
 
+def _temporal_consistency(config: RewardConfig, device: str) -> Scorer:
+    from unirl_core.rewards.video import TemporalConsistency
+
+    return TemporalConsistency(config.clip.model_path, device, config.clip.batch_size)
+
+
 def _llm_judge(config: RewardConfig, device: str) -> Scorer:
     from unirl_core.rewards.vlm_judge import LlmJudgeScore
 
@@ -105,6 +114,7 @@ def _llm_judge(config: RewardConfig, device: str) -> Scorer:
 _FACTORIES: dict[str, Callable[[RewardConfig, str], Scorer]] = {
     "clip_score": _clip_score, "aesthetic": _aesthetic, "pickscore": _pickscore, "hpsv2": _hpsv2, "ocr": _ocr,
     "imagereward": _imagereward, "geneval": _geneval, "vlm_judge": _vlm_judge, "llm_judge": _llm_judge,
+    "temporal_consistency": _temporal_consistency,
 }  # fmt: skip
 
 
@@ -149,7 +159,7 @@ DESCRIPTIONS: dict[str, tuple[str, str]] = {
 }
 
 
-DESCRIPTIONS |= TEXT_DESCRIPTIONS
+DESCRIPTIONS |= TEXT_DESCRIPTIONS | VIDEO_DESCRIPTIONS
 
 
 def used_model_rewards(config: RewardConfig) -> list[str]:
@@ -176,7 +186,7 @@ def build_scorers(config: RewardConfig, device: str = "cpu", skip: set[str] = fr
                 scorers[name] = _FACTORIES[name](config, device)
             except (OSError, ValueError) as exc:  # a missing or wrong folder: name the recipe key that gave it
                 raise type(exc)(f"train.reward.{section}: {exc}") from None
-        elif getattr(config, section) is not None:
+        elif getattr(config, section) is not None and not any(MODEL_REWARDS.get(u) == section for u in used):
             logger.warning("reward.%s is set but %s is neither weighted nor a guard: not loaded", section, name)
     for name, remote in config.remote.items():
         if name in skip:

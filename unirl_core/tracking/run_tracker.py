@@ -223,6 +223,10 @@ class RunTracker:
         """A file as an artifact of the run (under `artifact_path`)."""
         self._guard(f"file {Path(file).name}", "log_artifact", self.run_id, str(file), artifact_path)
 
+    def log_folder(self, folder: str | Path, artifact_path: str) -> None:
+        """A folder's files as artifacts of the run under `artifact_path` (a round's sample videos and prompts)."""
+        self._guard(f"folder {artifact_path}", "log_artifacts", self.run_id, str(folder), artifact_path)
+
     @contextlib.contextmanager
     def system_metrics(self, interval_s: float = SYSTEM_METRICS_INTERVAL_S):
         """System metrics (`system/...`: CPU, memory, disk, network, GPU with nvidia-ml-py) of this machine every

@@ -119,7 +119,12 @@ def legacy_config_hash(config) -> str:
 
 # Keys added to a section since checkpoints were first written, at the value that means what their absence meant:
 # left out of the hash there, so a checkpoint written before them still resumes (set otherwise, they count).
-ADDED_KEYS = {"reward": {"llm_judge": None}, "algorithm": {"dynamic_sampling": False, "max_gen_batches": 10}}
+ADDED_KEYS = {
+    "reward": {"llm_judge": None, "video": {"frames": "first", "sample_frames": 4}},
+    "sampling": {"num_frames": None, "fps": None},
+    "model": {"experts": None},
+    "algorithm": {"dynamic_sampling": False, "max_gen_batches": 10},
+}
 
 
 def _hashed(config) -> dict:

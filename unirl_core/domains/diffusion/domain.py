@@ -53,7 +53,7 @@ class DiffusionDomain(Domain):
         step_sampling = stack.step_sampling if stack is not None else family.step_sampling(self.config.algorithm)
         ids = [f"eval:{first_index + i}" for i in range(len(prompts))]
         cond = family.encode(prompts)
-        shape = family.latent_shape(sampling.height, sampling.width)
+        shape = family.sample_shape(sampling)
         x = family.initial_noise(ids, seed, shape).float()
         schedule = family.schedule(steps, shape)
         for index in range(steps):
@@ -102,6 +102,21 @@ class DiffusionDomain(Domain):
             yield "eval", config.model.family, fix
 
     @classmethod
+    def outputs_of(cls, config) -> str | None:
+        """The family's outputs (`Family.outputs`: "image" or "video"); None for an unknown family (no reward is
+        refused for it: `start_problems` names the family)."""
+        from unirl_core.models.registry import UnknownFamilyError, family_class
+
+        try:
+            return getattr(family_class(config.model.family), "outputs", "image")
+        except UnknownFamilyError:
+            return None
+
+    @classmethod
+    def _whose(cls, config) -> str:
+        return f"the {config.model.family} family's"
+
+    @classmethod
     def warmup_data(cls, config, precache):
         """Batches of precached (latent, text conditioning) pairs (`warmup.WarmupData`)."""
         from unirl_core.domains.diffusion.warmup import open_warmup_data
@@ -121,15 +136,21 @@ class DiffusionDomain(Domain):
         from unirl_core.models.registry import UnknownFamilyError, family_class, model_path_problems
 
         try:
-            factor = family_class(config.model.family).latent_stride
+            family_cls = family_class(config.model.family)
         except UnknownFamilyError as exc:
             return [f"train.model.family: {exc}"]
-        return model_path_problems(config.model.family, config.model.path) + [
-            f"train.sampling.{key}: {getattr(config.sampling, key)} must be a multiple of {factor} (the "
-            f"{config.model.family} family's pixels per latent token: VAE stride x patch size)"
-            for key in ("height", "width")
-            if getattr(config.sampling, key) % factor
-        ]
+        factor = family_cls.latent_stride
+        return (
+            model_path_problems(config.model.family, config.model.path)
+            + [
+                f"train.sampling.{key}: {getattr(config.sampling, key)} must be a multiple of {factor} (the "
+                f"{config.model.family} family's pixels per latent token: VAE stride x patch size)"
+                for key in ("height", "width")
+                if getattr(config.sampling, key) % factor
+            ]
+            + frames_problems(family_cls, config.sampling.num_frames)
+            + experts_problems(family_cls, config.model.experts)
+        )
 
     @classmethod
     def title(cls, config) -> str:
@@ -137,6 +158,8 @@ class DiffusionDomain(Domain):
 
     @classmethod
     def grid(cls, outputs: list, captions: list[str], cols: int):
+        """Images, or videos as strips of 4 evenly spaced frames (the first and the last included), a row per
+        caption."""
         from unirl_core.worker.images import captioned_grid
 
         return captioned_grid(outputs, captions, cols=cols)
@@ -166,6 +189,36 @@ class DiffusionDomain(Domain):
     def export_config(cls, config):
         """The recipe an export rebuilds the family from: no text-embedding cache (it only reads weights)."""
         return config.model_copy(update={"model": config.model.model_copy(update={"text_embedding_cache": None})})
+
+
+def frames_problems(family_cls, num_frames: int | None) -> list[str]:
+    """`train.sampling.num_frames` against the family: empty for image families; set, and one more than a multiple
+    of the VAE's temporal stride, for video families."""
+    key, name, stride = "train.sampling.num_frames", family_cls.name, family_cls.temporal_stride
+    if family_cls.outputs != "video":
+        return [] if num_frames is None else [f"{key}: {num_frames}, but {name} makes images: leave it empty"]
+    if num_frames is None:
+        return [f"{key}: empty, but {name} makes videos: set the frames per video, (num_frames - 1) % {stride} == 0 "
+                f"(e.g. {4 * stride + 1})"]  # fmt: skip
+    if (num_frames - 1) % stride:
+        lower, upper = num_frames - (num_frames - 1) % stride, num_frames - (num_frames - 1) % stride + stride
+        return [f"{key}: {num_frames}, but (num_frames - 1) % {stride} = {(num_frames - 1) % stride}: the {name} VAE "
+                f"keeps the first frame and compresses each {stride} after it into one latent frame; use {lower} "
+                f"or {upper}"]  # fmt: skip
+    return []
+
+
+def experts_problems(family_cls, experts: list[str] | None) -> list[str]:
+    """`train.model.experts` against the family's denoisers: empty, or some of its `expert_names`."""
+    key, names = "train.model.experts", family_cls.expert_names
+    if experts is None:
+        return []
+    if not names:
+        return [f"{key}: {experts}, but {family_cls.name} has one denoiser: leave it empty"]
+    unknown = [e for e in experts if e not in names]
+    if unknown or not experts:
+        return [f"{key}: {experts}: name some of {family_cls.name}'s experts {list(names)} (empty: all of them)"]
+    return []
 
 
 def _edits(family: str) -> bool:

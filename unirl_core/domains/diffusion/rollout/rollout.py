@@ -61,6 +61,12 @@ def with_condition_images(family, samples, sampling, cond, x, schedule, conditio
             f"a rollout batch mixes prompts with and without condition images (e.g. prompt {plain}); "
             "put image-to-image prompts in their own prompt file"
         )
+    if family.condition_mode == "none":
+        with_image = next(s.example.prompt_id for s, uri in zip(samples, uris, strict=True) if uri is not None)
+        raise ValueError(
+            f"prompt {with_image} has a condition image but family {family.name!r} takes text only; "
+            "drop the prompt's `media_refs` or choose a family with a condition image (`unirl families`)"
+        )
     conditions = conditions or ConditionLatents(family)
     clean = conditions(uris, sampling.width, sampling.height)
     if family.condition_mode == "reference":  # edit models: the image conditions, the noise is denoised
@@ -68,6 +74,19 @@ def with_condition_images(family, samples, sampling, cond, x, schedule, conditio
         return family.with_condition_images(cond, [s.example.prompt for s in samples], images, clean), x, 0
     start = start_step(sampling.num_inference_steps, sampling.condition_strength)
     return cond, family.noised(clean, x, start, schedule).float(), start
+
+
+def initial_latents(family, samples: list[RolloutSample], sampling, seed: int) -> tuple[torch.Tensor, tuple]:
+    """Each sample's initial noise, float32 (its group's with `share_group_noise`), and one sample's latent shape."""
+    shape = family.sample_shape(sampling)
+    noise_ids = [f"prompt:{s.group_id}" if sampling.share_group_noise else s.sample_id for s in samples]
+    return family.initial_noise(noise_ids, seed, shape).float(), shape
+
+
+def trained_steps(family, schedule):
+    """Which steps may train, for `plan_steps`: all (None), or a family with experts' `trains_step` (Wan 2.2 with a
+    frozen expert: that expert's steps are no candidates)."""
+    return (lambda index: family.trains_step(index, schedule)) if family.expert_names else None
 
 
 @torch.no_grad()
@@ -86,12 +105,11 @@ def run_rollout(
     `algorithm.ode_solver` after the last SDE step (`OdeSteps`), on the grid `compressed_schedule` leaves."""
     step_sampling = family.step_sampling(algorithm)
     cond = family.encode([s.example.prompt for s in samples])
-    shape = family.latent_shape(sampling.height, sampling.width)
-    noise_ids = [f"prompt:{s.group_id}" if sampling.share_group_noise else s.sample_id for s in samples]
-    x = family.initial_noise(noise_ids, seed, shape).float()
+    x, shape = initial_latents(family, samples, sampling, seed)
     schedule = family.schedule(sampling.num_inference_steps, shape)
     cond, x, start = with_condition_images(family, samples, sampling, cond, x, schedule, conditions)
-    plan = plan_steps(algorithm, start, sampling.num_inference_steps, step, seed, [s.sample_id for s in samples])
+    ids, trains = [s.sample_id for s in samples], trained_steps(family, schedule)
+    plan = plan_steps(algorithm, start, sampling.num_inference_steps, step, seed, ids, trains)
     schedule = compressed_schedule(algorithm, schedule, plan)
     num_steps = len(schedule) - 1
     before, after, logps = [], [], []

@@ -94,12 +94,16 @@ def trained_count(candidates: int, fraction: float, rounding: str) -> int:
     return max(1, min(candidates, round(exact) if rounding == "round" else math.floor(exact + 1e-9)))
 
 
-def plan_steps(algorithm, first: int, num_steps: int, step: int, seed: int, sample_ids: list[str]) -> StepPlan:
-    """The plan of one rollout of denoising steps [first, num_steps) at RL step `step` (`seed`: the rollout's)."""
+def plan_steps(
+    algorithm, first: int, num_steps: int, step: int, seed: int, sample_ids: list[str], trains=None
+) -> StepPlan:
+    """The plan of one rollout of denoising steps [first, num_steps) at RL step `step` (`seed`: the rollout's).
+    `trains(index)`: whether step `index`'s denoiser trains (a frozen Wan 2.2 expert's steps are no candidates)."""
     if algorithm.sde_window is None:
         candidates = list(range(first, last_candidate(algorithm, num_steps)))
     else:
         candidates = window_steps(algorithm, first, num_steps, step, seed)
+    candidates = [index for index in candidates if trains is None or trains(index)]
     if not candidates and algorithm.sde_window is not None:  # a shrinking window's empty end: nothing to train
         return StepPlan([], torch.zeros(len(sample_ids), 0, dtype=torch.long))
     if not candidates:

@@ -1,0 +1,47 @@
+"""Wan's published variants (Wan-AI/Wan2.1-T2V-1.3B-Diffusers, -T2V-14B-, -I2V-14B-480P-, Wan2.2-T2V-A14B-Diffusers):
+components for `unirl plan`, the configs as in their repos' config.json files."""
+
+from __future__ import annotations
+
+UMT5_XXL = ("transformers", "UMT5EncoderModel", "UMT5Config", {  # google/umt5-xxl's encoder
+    "vocab_size": 256384, "d_model": 4096, "d_kv": 64, "d_ff": 10240, "num_layers": 24, "num_heads": 64,
+    "feed_forward_proj": "gated-gelu", "tie_word_embeddings": False,
+})  # fmt: skip
+WAN_VAE = ("diffusers", "AutoencoderKLWan", None, {})  # base_dim 96, z_dim 16: the class defaults
+_TRANSFORMER = {"patch_size": [1, 2, 2], "attention_head_dim": 128, "in_channels": 16, "out_channels": 16,
+                "text_dim": 4096, "freq_dim": 256, "cross_attn_norm": True, "qk_norm": "rms_norm_across_heads",
+                "eps": 1e-6, "rope_max_seq_len": 1024}  # fmt: skip
+
+
+CLIP_H_VISION = ("transformers", "CLIPVisionModel", "CLIPVisionConfig", {  # Wan 2.1 I2V's image_encoder (ViT-H/14)
+    "hidden_size": 1280, "intermediate_size": 5120, "num_hidden_layers": 32, "num_attention_heads": 16,
+    "patch_size": 14, "image_size": 224, "hidden_act": "gelu", "projection_dim": 1024,
+})  # fmt: skip
+
+
+def _wan(heads: int, ffn: int, layers: int, family: str = "wan", experts: int = 1, **extra) -> dict:
+    transformer = (
+        "diffusers",
+        "WanTransformer3DModel",
+        None,
+        {**_TRANSFORMER, "num_attention_heads": heads, "ffn_dim": ffn, "num_layers": layers, **extra},
+    )
+    names = ["transformer", "transformer_2"][:experts]
+    return {
+        "family": family, "text_tokens": 512,  # the pipeline pads umT5's embeddings to 512
+        "components": {**dict.fromkeys(names, transformer), "text_encoder": UMT5_XXL, "vae": WAN_VAE},
+    }  # fmt: skip
+
+
+VARIANTS: dict[str, dict] = {
+    "wan2.1-t2v-1.3b": _wan(heads=12, ffn=8960, layers=30),
+    "wan2.1-t2v-14b": _wan(heads=40, ffn=13824, layers=40),
+    "wan2.1-i2v-14b-480p": {
+        **_wan(
+            heads=40, ffn=13824, layers=40, family="wan_i2v", in_channels=36, image_dim=1280, added_kv_proj_dim=5120
+        ),
+        "reference_image": False,
+    },
+    "wan2.2-t2v-a14b": _wan(heads=40, ffn=13824, layers=40, family="wan2_2", experts=2),
+}
+VARIANTS["wan2.1-i2v-14b-480p"]["components"]["image_encoder"] = CLIP_H_VISION
