@@ -415,7 +415,7 @@ def _train_rounds(recipe, local: bool = False) -> None:
     )
     rewards: list[float] = []
     with console.CommandProgress(train_steps=rounds[-1].end if rounds else 0, prefect=not local) as display:
-        show = _step_rows(display, rewards, domain_class(config.domain.name).outputs)
+        show = _step_rows(display, rewards, domain_class(config.domain.name).outputs_of(config))
         summary = _train_summary(recipe, local, show)
     for entry in summary.rounds:
         state = "already committed" if entry.skipped else f"{entry.seconds or 0:.1f} s"
@@ -445,9 +445,9 @@ def _kept_checkpoint(config) -> str:
 def _step_rows(display: console.CommandProgress, rewards: list[float], outputs: str | None = "image"):
     """A listener printing one line per training step (the header before the first RL step), above the progress
     display; RL rewards are collected in `rewards` for the trend. `outputs`: the domain's (`text`: completions per
-    second are headed `txt/s`)."""
+    second are headed `txt/s`, videos `vid/s`)."""
     headers = [header for header, _ in TRAIN_COLUMNS.values()]
-    headers[-1] = "txt/s" if outputs == "text" else headers[-1]
+    headers[-1] = {"text": "txt/s", "video": "vid/s"}.get(outputs, headers[-1])
 
     def show(kind: str, row) -> None:
         if kind == "train_eval":  # a `train.eval` point

@@ -255,3 +255,25 @@ def test_experts_are_checked_against_the_family(family, experts, message):
     config = train_config(family=family)
     config.model.experts = experts
     assert any(message in problem for problem in DiffusionDomain.start_problems(config))
+
+
+def test_ti2v_feeds_a_timestep_per_token_as_the_stock_pipeline():
+    config = train_config(family="wan_ti2v")
+    config.sampling.height = config.sampling.width = 64
+    config.model.lora = None
+    family = build_family(config.model, config.sampling)
+    shape = family.sample_shape(config.sampling)
+    assert shape == (48, 3, 4, 4)  # the high-compression VAE: z_dim 48, 16x spatial
+    x, text = family.initial_noise(["s0", "s1"], 0, shape), family.encode(PROMPTS)
+    schedule, ours = family.schedule(3, shape), x
+    with torch.no_grad():
+        for index in range(3):
+            ours = family.transition(ours, index, 0.0, text, schedule).sample
+    negative, positive = text["embeds"].chunk(2)
+    stock = family.pipeline(
+        prompt_embeds=positive, negative_prompt_embeds=negative, height=64, width=64, num_frames=9,
+        num_inference_steps=3, guidance_scale=4.0, latents=x, output_type="latent",
+    ).frames  # fmt: skip
+    assert family.pipeline.config.expand_timesteps
+    torch.testing.assert_close(stock, ours, atol=1e-5, rtol=0)
+    assert [len(v) for v in family.decode(ours)] == [9, 9]

@@ -1,7 +1,7 @@
 """Video RL learns and resumes: on the tiny Wan 2.1 (the `demo_video` recipe: 9 frames of 32 x 32, SDE on the first
 half of the steps, brightness averaged over every frame), GRPO and the windowed Flow-GRPO-Fast raise the reward over
 seeds 0-2 by the suite's criterion (tests/support/learning.py) with a margin in the reward's own units, the first
-update's ratio is exactly 1, and a run stopped mid-way resumes to the uninterrupted one bitwise.
+update's ratio is exactly 1. Each Wan family's golden steps and exact resume: tests/integration/test_video_resume.py.
 
 The margin (0.02 in mean brightness, [0, 1]) is over ten times the reward's spread within one rollout at step 0
 (std 0.0004-0.0031). Measured at 16 steps (2026-11-29): GRPO gains 0.035/0.032/0.035, Flow-GRPO-Fast (every step a
@@ -12,11 +12,8 @@ to 0.452 by step 16: the demo scores every frame.
 from __future__ import annotations
 
 import pytest
-from goldens import check_golden
-from learning import SEEDS, WINDOW
-from local_training import comparable, train_locally
-
-from unirl_core.config import load_recipe
+from learning import SEEDS, WINDOW, seeded
+from local_training import train_locally
 
 pytestmark = pytest.mark.slow
 
@@ -25,20 +22,13 @@ STEPS = 16
 FAST = ["train.algorithm.name=flow_grpo_fast", "train.algorithm.timestep_fraction=1.0"]
 
 
-class Killed(Exception):
-    """Stands in for a kill: raised after a step was logged, before anything later is committed."""
-
-
-def video_config(seed: int, steps: int, overrides=()):
-    return load_recipe("demo_video", [f"train.steps={steps}", f"train.sampling.seed={seed}",
-                                      f"train.data.seed={seed}", *overrides]).train  # fmt: skip
-
-
 @pytest.mark.parametrize("algorithm", ["grpo", "flow_grpo_fast"])
 def test_grpo_and_a_windowed_algorithm_raise_a_video_reward_on_three_seeds(algorithm, tmp_path):
     gains, rewards = [], {}
     for seed in SEEDS:
-        rows = train_locally(video_config(seed, STEPS, FAST if algorithm != "grpo" else ()), tmp_path / f"s{seed}")
+        rows = train_locally(
+            seeded("demo_video", seed, STEPS, FAST if algorithm != "grpo" else ()), tmp_path / f"s{seed}"
+        )
         assert rows[0]["ratio_mean"] == 1.0 and all(row["grad_norm"] > 0 for row in rows)
         values = [row["reward_mean"] for row in rows]
         gains.append(sum(values[-WINDOW:]) / WINDOW - sum(values[:WINDOW]) / WINDOW)
@@ -46,21 +36,3 @@ def test_grpo_and_a_windowed_algorithm_raise_a_video_reward_on_three_seeds(algor
     message = f"{algorithm}: gains {[round(g, 3) for g in gains]} for seeds {SEEDS}; rewards {rewards}"
     assert sum(gains) / len(gains) > MARGIN, message
     assert sum(gain > MARGIN for gain in gains) >= 2, message
-
-
-def test_a_stopped_video_run_resumes_exactly_and_gives_its_golden_steps(tmp_path):
-    config = video_config(0, 4, ["train.checkpoint_every=2"])
-    rows = train_locally(config, tmp_path / "run")
-    first: list[dict] = []
-
-    def kill_at_2(row: dict) -> None:
-        first.append(row)
-        if row["step"] == 2:
-            raise Killed
-
-    with pytest.raises(Killed):  # steps 0-2 logged, step 1 committed: step 2 is lost with the "process"
-        train_locally(config, tmp_path / "killed", on_step=kill_at_2)
-    resumed = train_locally(config, tmp_path / "killed")
-    assert [row["step"] for row in resumed] == [2, 3]
-    assert comparable(first[:2] + resumed) == comparable(rows)  # the uninterrupted run, bitwise
-    check_golden("families", "wan/grpo/seed0", rows)

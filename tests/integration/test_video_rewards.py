@@ -103,3 +103,38 @@ def test_a_rounds_video_samples_land_as_mp4s_with_their_prompts_beside_the_grid(
         (folder / "prompts.json").read_text())]}  # fmt: skip
     grids = {a.path for a in MlflowClient(uri).list_artifacts(tracker.run_id, "samples")}
     assert f"samples/{folder.name}.png" in grids  # the grid, next to its videos
+
+
+def test_video_judge_asks_about_the_spaced_frames_in_one_chat_turn(tmp_path):
+    """`video_judge` on a tiny LLaVA (several images per turn): its score is the model's own next-token softmax
+    over yes/no after one chat turn holding the video's 3 evenly spaced frames then the question (by hand); the
+    frames matter; it is a video reward through the service and `train.reward.video_judge`."""
+    import torch
+    from transformers import AutoModelForImageTextToText, AutoProcessor
+
+    from unirl_core.models.tiny_vlm import write_tiny_vlm
+    from unirl_core.rewards.vlm_judge import VIDEO_QUESTIONS, VideoJudgeScore
+
+    folder = write_tiny_vlm(tmp_path / "vlm", seed=0)
+    videos = [noise_video(7, seed=1), noise_video(7, seed=2)]
+    judge = VideoJudgeScore(folder, frames=3)
+    scores = judge(videos, ["a ball", "a cat"])
+
+    processor, model = AutoProcessor.from_pretrained(folder), AutoModelForImageTextToText.from_pretrained(folder)
+    ids = processor.tokenizer.convert_tokens_to_ids(["yes", "Yes", "no", "No"])
+    expected = []
+    for video, prompt in zip(videos, ["a ball", "a cat"], strict=True):
+        question = VIDEO_QUESTIONS["yes_no"].replace("{prompt}", prompt)
+        content = [{"type": "image"}] * 3 + [{"type": "text", "text": question}]
+        text = processor.apply_chat_template([{"role": "user", "content": content}], add_generation_prompt=True)
+        frames = [video.frames[i] for i in (0, 3, 6)]  # evenly spaced, first and last included
+        with torch.no_grad():
+            logits = model(**processor(text=[text], images=frames, return_tensors="pt")).logits[0, -1]
+        probs = torch.softmax(logits[ids].double(), dim=-1)
+        expected.append(float(probs[:2].sum()))
+    np.testing.assert_allclose(scores, expected, atol=1e-5)
+    assert scores[0] != scores[1]
+
+    config = RewardConfig(weights={"video_judge": 1.0}, video_judge={"model_path": str(folder), "frames": 3})
+    total = RewardService.from_config(config).score(videos, ["a ball", "a cat"], ["v0", "v1"])["total"]
+    np.testing.assert_allclose(total, scores, atol=1e-6)

@@ -102,6 +102,11 @@ TABLES = {  # script -> lines (regular expressions) its smoke run must print: th
         rf"^ray-1\s+1\s+1\s+{N}\s+{N}\s+{X}\s",  # the Prefect train flow on a local Ray
         rf"^goal <= 1\.10x: (?:met|not met) for ray-1 \({X} at steady state",
     ],
+    "video_rollout.py": [
+        r"^\d+ videos of \d+x\d+, \d+ steps, CFG 4\.5, on cpu$",
+        r"^frames\s+rollout s\s+pipeline s\s+s/step/video\s+ratio$",
+        *(rf"^{frames}\s+{N}\s+{N}\s+{N}\s+{X}$" for frames in (5, 9)),
+    ],
     "warmup_data_memory.py": [
         r"^4 samples, batch 2 \(latents \[2, ",
         rf"^private memory added\s+{N} MB$",

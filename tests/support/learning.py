@@ -13,12 +13,16 @@ WINDOW = 4
 STEPS = 16  # the demo's 24 cost a third more; at 16 every family but FLUX.2-Klein clears the claim
 
 
-def reward_gain(overrides: list[str], seed: int, output_dir, steps: int = STEPS,
-                recipe: str = "demo") -> tuple[float, list[dict]]:  # fmt: skip
-    config = load_recipe(
+def seeded(recipe: str, seed: int, steps: int, overrides=()):
+    """`recipe`'s TrainConfig at `steps` RL steps, its sampling and data seeded with `seed`."""
+    return load_recipe(
         recipe, [f"train.steps={steps}", *overrides, f"train.sampling.seed={seed}", f"train.data.seed={seed}"]
     ).train
-    metrics = train_locally(config, output_dir)
+
+
+def reward_gain(overrides: list[str], seed: int, output_dir, steps: int = STEPS,
+                recipe: str = "demo") -> tuple[float, list[dict]]:  # fmt: skip
+    metrics = train_locally(seeded(recipe, seed, steps, overrides), output_dir)
     rewards = [m["reward_mean"] for m in metrics]
     return sum(rewards[-WINDOW:]) / WINDOW - sum(rewards[:WINDOW]) / WINDOW, metrics
 

@@ -1,6 +1,7 @@
 """A loopback scoring server implementing the remote-scorer JSON contract, with switchable failure modes.
 
-Scores each image by its mean luma in [0, 1] (the `brightness` reward), so a test can compare with a local score.
+Scores each image by its mean luma in [0, 1] (the `brightness` reward), so a test can compare with a local score;
+each video (`videos`: base64 mp4s) by the mean luma of all its frames.
 Set attributes between requests: `fail_first` (answer 503 that many times), `delay_s` (before answering),
 `status`/`body` (a fixed answer instead of scores), `drop_last` (one score too few).
 """
@@ -59,7 +60,11 @@ class ScoreServer:
             return 503, b'{"error": "warming up"}'
         if self.status is not None:
             return self.status, self.body
-        scores = [_luma(image) for image in body["images"]]
+        scores = (
+            [_luma(image) for image in body["images"]]
+            if "images" in body
+            else [_video_luma(video) for video in body["videos"]]
+        )
         return 200, json.dumps({"scores": scores[:-1] if self.drop_last else scores}).encode()
 
     def start(self) -> ScoreServer:
@@ -74,3 +79,10 @@ class ScoreServer:
 def _luma(png_base64: str) -> float:
     image = Image.open(io.BytesIO(base64.b64decode(png_base64)))
     return float((np.asarray(image.convert("L"), dtype=np.float64) / 255.0).mean())
+
+
+def _video_luma(mp4_base64: str) -> float:
+    from unirl_core.data.video import read_video
+
+    video = read_video(base64.b64decode(mp4_base64))
+    return float(np.mean([(np.asarray(f.convert("L"), dtype=np.float64) / 255.0).mean() for f in video.frames]))

@@ -53,7 +53,7 @@ def test_a_full_load_restores_weights_and_optimizer(tmp_path):
 
 
 def test_keys_added_since_a_checkpoint_was_written_keep_its_hash_at_their_absent_value():
-    """`train.reward.llm_judge` and the token algorithms' `dynamic_sampling` / `max_gen_batches` came after
+    """`train.reward.llm_judge`, the video keys and the token algorithms' `dynamic_sampling` / `max_gen_batches` came after
     checkpoints of these recipes were written (the hashes 5d0151b computed): at the value their absence meant, the
     hash is unchanged, so those checkpoints resume; set otherwise, the hash changes (DAPO's dynamic sampling, now
     on by default, refuses a checkpoint trained without it)."""
@@ -62,6 +62,8 @@ def test_keys_added_since_a_checkpoint_was_written_keep_its_hash_at_their_absent
 
     assert config_hash(load_recipe("demo", []).train) == "70e516967068d97f"
     assert config_hash(load_recipe("demo_llm", []).train) == "735135dc6fbd5f9a"
+    remote = ["train.reward.weights={judge: 1.0}", "train.reward.remote={judge: {url: 'http://127.0.0.1:9/score'}}"]
+    assert config_hash(load_recipe("demo", remote).train) == "220f1bf8380c9ccb"  # a remote scorer's `videos` came later
     dapo = load_recipe("demo_llm", ["train.algorithm.name=dapo"]).train
     without = load_recipe("demo_llm", ["train.algorithm.name=dapo", "train.algorithm.dynamic_sampling=false"]).train
     assert config_hash(dapo) != config_hash(without)

@@ -118,6 +118,7 @@ def test_recipes_lists_packaged_recipes():
         "flux_dev_grpo",
         "flux_kontext_grpo",
         "flux_ocr_grpo",
+        "hunyuan_video15_grpo",
         "ingest_parquet",
         "pipeline_demo",
         "prompts_file",
@@ -137,7 +138,10 @@ def test_recipes_lists_packaged_recipes():
         "sd35_medium_mixgrpo_flash",
         "sd35_pickscore_grpo",
         "sdxl_ddpo",
+        "wan2_1_i2v_grpo",
         "wan2_1_t2v_ocr_grpo",
+        "wan2_2_t2v_a14b_grpo",
+        "wan2_2_ti2v_5b_grpo",
     ]
 
 

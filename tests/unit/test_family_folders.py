@@ -14,7 +14,7 @@ def test_every_built_in_family_lives_in_its_folder_with_its_tiny_builder_and_var
     from unirl_core.models.real_sizes import VARIANTS
     from unirl_core.models.registry import BUILT_IN, family_class
 
-    assert len(BUILT_IN) == 12
+    assert len(BUILT_IN) == 14
     for name, target in BUILT_IN.items():
         cls = family_class(name)
         folder = target.split(":")[0].rsplit(".", 1)[0]  # unirl_core.models.families.<folder>

@@ -24,11 +24,14 @@ PUBLISHED = {
     "flux2-klein-9b": {"transformer": 9.0, "text_encoder": 8.2},
     "wan2.1-t2v-1.3b": {"transformer": 1.42, "text_encoder": 5.68},  # fp32 5.68 GB; umT5-XXL's encoder
     "wan2.2-t2v-a14b": {"transformer": 14.3, "transformer_2": 14.3},
+    "hunyuanvideo-1.5-480p-t2v": {"transformer": 8.3, "text_encoder": 7.07},  # Qwen2.5-VL-7B's language model
 }
 RECIPES = {  # packaged recipe -> the real variant it is written for
     "flux_dev_grpo": "flux1-dev", "flux_kontext_grpo": "flux1-kontext-dev", "flux2_klein_grpo": "flux2-klein-base-9b",
     "qwen_image_grpo": "qwen-image", "qwen_image_edit_grpo": "qwen-image-edit", "sdxl_ddpo": "sdxl-base-1.0",
     "sd35_medium_grpo": "sd3.5-medium", "sd35_large_grpo": "sd3.5-large", "wan2_1_t2v_ocr_grpo": "wan2.1-t2v-1.3b",
+    "wan2_1_i2v_grpo": "wan2.1-i2v-14b-480p", "wan2_2_t2v_a14b_grpo": "wan2.2-t2v-a14b",
+    "wan2_2_ti2v_5b_grpo": "wan2.2-ti2v-5b", "hunyuan_video15_grpo": "hunyuanvideo-1.5-480p-t2v",
     **{f"sd35_medium_{name}": "sd3.5-medium"
        for name in ("flow_grpo_fast", "mixgrpo", "mixgrpo_flash", "dancegrpo", "grpo_guard", "flow_dppo",
                     "diffusion_nft")},

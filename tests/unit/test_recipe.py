@@ -14,7 +14,15 @@ ENV = {
     "CLIP_PATH": "/models/clip",
     **{
         name: f"/models/{name.lower()}"
-        for name in ("PICKSCORE_PATH", "CLIP_H_PATH", "IMAGEREWARD_PATH", "BERT_PATH", "OWLV2_PATH", "OCR_PATH")
+        for name in (
+            "PICKSCORE_PATH",
+            "CLIP_H_PATH",
+            "IMAGEREWARD_PATH",
+            "BERT_PATH",
+            "OWLV2_PATH",
+            "OCR_PATH",
+            "VIDEO_JUDGE_PATH",
+        )
     },  # fmt: skip
 }
 

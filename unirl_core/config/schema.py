@@ -351,6 +351,25 @@ class VlmJudgeRewardConfig(StrictModel):
     """scale: the lowest and highest digit; every value must be one token (Qwen tokenizers split 10)."""
 
 
+class VideoJudgeRewardConfig(VlmJudgeRewardConfig):
+    """Settings of the `video_judge` reward: a chat VLM shown `frames` frames of each video (in order, one chat
+    turn) and asked `question`, scored as `vlm_judge` is (P(yes) or the expected digit)."""
+
+    model_path: OptionalStr = None
+    """Local folder of a chat VLM that reads several images per turn (e.g. Qwen2-VL-2B-Instruct, the base of
+    VideoAlign's reward model; Qwen2.5-VL). Recipes read it from `${env:VIDEO_JUDGE_PATH}`."""
+
+    question: OptionalStr = None
+    """A template where `{prompt}` becomes the video's prompt. Empty: the mode's default ('These are frames of one
+    video, in order. Does the video match the description: "{prompt}"? Answer yes or no.')."""
+
+    frames: Annotated[Count, Field(ge=1)] = 4
+    """Frames shown per video, evenly spaced with the first and the last included (every frame of a shorter one)."""
+
+    batch_size: Annotated[Count, Field(ge=1)] = 2
+    """Per rank: videos (each `frames` images) per forward, left-padded."""
+
+
 class LlmJudgeRewardConfig(VlmJudgeRewardConfig):
     """Settings of the `llm_judge` reward: a chat LM (or a VLM, text only) asked `question` about each text output
     (the autoregressive domain's completions), scored from its next-token probabilities over the answer tokens."""
@@ -408,6 +427,11 @@ class RemoteScorerConfig(StrictModel):
     """NAME of the environment variable holding the header's value (e.g. `SCORER_TOKEN`, holding `Bearer ...`);
     never the secret itself. Empty: no auth header."""
 
+    videos: Literal["frames", "mp4"] = "frames"
+    """How video outputs are sent: `frames` (the frames `reward.video` chooses, each as an image, their scores
+    aggregated as an image reward's) or `mp4` (each whole video, base64 mp4 in the request's `videos`, one score
+    per video: a video scorer such as VideoAlign behind a server)."""
+
     def problems(self) -> Iterator[Problem]:
         if not self.url.startswith(("http://", "https://")):
             yield "url", self.url, "an http:// or https:// URL"
@@ -459,7 +483,7 @@ class RewardConfig(StrictModel):
 
     Names: the weight-free ones (unirl_core/rewards/functions.py; of videos: rewards/video.py), the model rewards
     (`clip_score` and `temporal_consistency` need `clip`; `aesthetic`, `pickscore`, `hpsv2`, `ocr`, `imagereward`,
-    `geneval`, `vlm_judge`, `llm_judge` their own section), and every key of `remote`."""
+    `geneval`, `vlm_judge`, `llm_judge`, `video_judge` their own section), and every key of `remote`."""
 
     weights: dict[str, float] = {"jpeg_compressibility": 1.0}
     """Reward name -> weight in the total reward."""
@@ -493,6 +517,9 @@ class RewardConfig(StrictModel):
 
     llm_judge: LlmJudgeRewardConfig | None = None
     """The chat LM of `llm_judge` (text outputs); required when `llm_judge` is weighted or a guard."""
+
+    video_judge: VideoJudgeRewardConfig | None = None
+    """The VLM of `video_judge` (video outputs); required when `video_judge` is weighted or a guard."""
 
     remote: dict[str, RemoteScorerConfig] = {}
     """Remote scorers by reward name: each key can be weighted or guarded like a built-in reward."""
@@ -555,6 +582,12 @@ class RewardConfig(StrictModel):
             ("geneval", "geneval.clip_path", geneval.clip_path, "a local CLIP folder (colours)"),
             ("vlm_judge", "vlm_judge.model_path", judge.model_path, "a local chat VLM folder"),
             ("llm_judge", "llm_judge.model_path", text_judge.model_path, "a local chat LM folder"),
+            (
+                "video_judge",
+                "video_judge.model_path",
+                (self.video_judge or VideoJudgeRewardConfig()).model_path,
+                "a local chat VLM folder",
+            ),
             ("imagereward", "imagereward.checkpoint_path", imagereward.checkpoint_path, "a local ImageReward.pt"),
             ("imagereward", "imagereward.tokenizer_path", imagereward.tokenizer_path, "a bert-base-uncased folder"),
             ("ocr", "ocr.model_path", ocr.model_path, "a local OCR model folder, e.g. microsoft/trocr-base-printed"),

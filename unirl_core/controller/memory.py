@@ -102,6 +102,7 @@ def _weights(family, model, parameters: dict, largest_block: int, workers: int, 
         "denoiser weights (shard + one block)": (denoiser / workers + largest_block) * b,
         "text encoders" + (" (on the CPU)" if placement == "cpu" else ""): 0 if placement == "cpu" else text * b,
         "VAE": parameters.get("vae", 0) * b,
+        **({"image encoder": parameters["image_encoder"] * b} if "image_encoder" in parameters else {}),
     }
 
 

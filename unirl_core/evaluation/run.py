@@ -3,8 +3,9 @@ shards that are committed one by one (a re-run scores only the missing ones), th
 
     <output_dir>/spec.json                      what is evaluated (models, prompts and their digest, rewards,
                                                 steps, guidance, size, seed, shards): a folder holds one evaluation
-    <output_dir>/<label>/images/<index>.png     each prompt's image (index: the prompt's place in the file); a text
-                                                domain's completion as <index>.txt (and an `output` column)
+    <output_dir>/<label>/images/<index>.png     each prompt's image (index: the prompt's place in the file); a
+                                                video as <index>.mp4, a text domain's completion as <index>.txt
+                                                (and an `output` column)
     <output_dir>/<label>/shards/<shard>.parquet each shard's scores: index, prompt_id, prompt, one column per
                                                 reward (written last: the shard's commit record)
     <output_dir>/results.parquet                every model's scores, one row per (model, prompt)
@@ -206,9 +207,7 @@ def score_shard(spec: EvalSpec, label: str, shard: int) -> dict:
         if texts:
             write_bytes_atomic(str(path.with_suffix(".txt")), output.encode())
             continue
-        buffer = io.BytesIO()
-        output.save(buffer, format="PNG")
-        write_bytes_atomic(str(path), buffer.getvalue())
+        write_bytes_atomic(*_encoded(output, path))
     columns = {
         "index": pa.array(range(first, end), pa.int64()),
         "prompt_id": pa.array([e.prompt_id for e in chosen], pa.string()),
@@ -219,6 +218,17 @@ def score_shard(spec: EvalSpec, label: str, shard: int) -> dict:
     pq.write_table(pa.table(columns), buffer)
     write_bytes_atomic(str(target), buffer.getvalue())
     return {"prompts": len(chosen), "seconds_generate": generated - started, "seconds_score": scored - generated}
+
+
+def _encoded(output, path: Path) -> tuple[str, bytes]:
+    """(where, bytes) of one generated output: a video as mp4 beside the images' place, an image as PNG."""
+    from unirl_core.data.video import Video, encode_mp4
+
+    if isinstance(output, Video):
+        return str(path.with_suffix(".mp4")), encode_mp4(output)
+    buffer = io.BytesIO()
+    output.save(buffer, format="PNG")
+    return str(path), buffer.getvalue()
 
 
 class EvalReport(BaseModel):

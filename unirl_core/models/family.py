@@ -64,6 +64,8 @@ class Family(TextConditioning, VaeCodec, ClassifierFreeGuidance, ABC):
     outputs: ClassVar[str] = "image"  # what `decode` returns and the rewards score: "image" (PIL) or "video" (`Video`)
     temporal_stride: ClassVar[int] = 0  # video families: pixel frames per latent frame, (num_frames - 1) % it == 0
     expert_names: ClassVar[tuple[str, ...]] = ()  # several denoisers (Wan 2.2's experts): `train.model.experts`
+    lora_pipeline_class: ClassVar[str | None] = None  # whose `save_lora_weights` writes the diffusers LoRA file
+    # (None: `pipeline_class`; a pipeline without a LoRA loader names one of the same format)
     text_only_conditioning: ClassVar[bool] = True  # False: a prompt is encoded with its condition image only (no
     # text-only precache or warm-up; e.g. Qwen-Image-Edit's VLM reads the image with the prompt)
 
@@ -269,7 +271,7 @@ class Family(TextConditioning, VaeCodec, ClassifierFreeGuidance, ABC):
         peft_config = sorted_sets(module.peft_config["default"])
         peft_config.base_model_name_or_path = f"{base_path}/{component}"
         peft_config.save_pretrained(str(folder))
-        getattr(diffusers, self.pipeline_class).save_lora_weights(
+        getattr(diffusers, self.lora_pipeline_class or self.pipeline_class).save_lora_weights(
             str(folder), **{f"{self.denoiser_name}_lora_layers": state,
                             f"{self.denoiser_name}_lora_adapter_metadata": peft_config.to_dict()},
         )  # fmt: skip

@@ -15,6 +15,7 @@
 | llm_judge     | chat LM      | `reward.llm_judge` (text outputs) | vlm_judge.py |
 | (weight-free) | video motion | nothing (video outputs)          | video.py      |
 | temporal_consistency | CLIP  | `reward.clip` (video outputs)    | video.py      |
+| video_judge   | chat VLM     | `reward.video_judge` (video outputs) | vlm_judge.py |
 | <any key>     | HTTP server  | `reward.remote.<key>`            | remote.py     |
 
 Only the rewards a recipe weights or guards are built; a configured but unused one is skipped with a warning.
@@ -99,6 +100,12 @@ def _vlm_judge(config: RewardConfig, device: str) -> Scorer:
     return VlmJudgeScore(device=device, **config.vlm_judge.model_dump())
 
 
+def _video_judge(config: RewardConfig, device: str) -> Scorer:
+    from unirl_core.rewards.vlm_judge import VideoJudgeScore
+
+    return VideoJudgeScore(device=device, **config.video_judge.model_dump())
+
+
 def _temporal_consistency(config: RewardConfig, device: str) -> Scorer:
     from unirl_core.rewards.video import TemporalConsistency
 
@@ -115,6 +122,7 @@ _FACTORIES: dict[str, Callable[[RewardConfig, str], Scorer]] = {
     "clip_score": _clip_score, "aesthetic": _aesthetic, "pickscore": _pickscore, "hpsv2": _hpsv2, "ocr": _ocr,
     "imagereward": _imagereward, "geneval": _geneval, "vlm_judge": _vlm_judge, "llm_judge": _llm_judge,
     "temporal_consistency": _temporal_consistency,
+    "video_judge": _video_judge,
 }  # fmt: skip
 
 

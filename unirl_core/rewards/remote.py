@@ -7,6 +7,10 @@ The JSON contract, one POST per batch of at most `batch_size` samples:
                "metadata": [{...}, ...]}     each prompt record's `metadata` ({} when none), e.g. GenEval's checks
     response  200          {"scores": [0.73, ...]}     one number per image, in request order
 
+Videos: with `videos: frames` (the default) each scored frame is an image of the request above; with `videos: mp4`
+the request carries `"videos": ["<base64 mp4>", ...]` (H.264, yuv420p; `unirl_core.data.video.read_video` reads
+one) and `"fps": [16.0, ...]` instead of `images`, and the scores are one number per video.
+
 Any other status is an error. Connection errors and 429/500/502/503/504 are retried `retries` times with
 exponential backoff (none before the 1st retry, then `backoff_s` x 2, x 4, ...; a server's Retry-After is
 respected); a read timeout is not retried (the server is busy: a retry would queue the same work twice). Out of
@@ -42,6 +46,16 @@ def png_base64(image: Image.Image) -> str:
     return base64.b64encode(buffer.getvalue()).decode("ascii")
 
 
+def _media(outputs) -> dict:
+    """The request's outputs: `images` (base64 PNGs) or, for whole videos, `videos` (base64 mp4s) and `fps`."""
+    from unirl_core.data.video import Video, encode_mp4
+
+    if outputs and all(isinstance(o, Video) for o in outputs):
+        return {"videos": [base64.b64encode(encode_mp4(v)).decode("ascii") for v in outputs],
+                "fps": [v.fps for v in outputs]}  # fmt: skip
+    return {"images": [png_base64(im) for im in outputs]}
+
+
 class RemoteScorer:
     """A reward served at `url` (contract in the module docstring); called like any reward, with sample ids."""
 
@@ -57,8 +71,9 @@ class RemoteScorer:
         batch_size: int = 16,
         auth_header: str = "Authorization",
         auth_header_env: str | None = None,
+        videos: str = "frames",
     ):
-        self.url, self.batch_size, self.read_timeout_s = url, batch_size, read_timeout_s
+        self.url, self.batch_size, self.read_timeout_s, self.videos = url, batch_size, read_timeout_s, videos
         self._headers = {"Content-Type": "application/json"}
         if auth_header_env is not None:
             secret = os.environ.get(auth_header_env)
@@ -107,8 +122,7 @@ class RemoteScorer:
         return np.concatenate(scores) if scores else np.zeros(0)
 
     def _score_batch(self, images, prompts, sample_ids, metadata) -> np.ndarray:
-        body = {"prompts": list(prompts), "images": [png_base64(im) for im in images], "sample_ids": list(sample_ids),
-                "metadata": list(metadata)}  # fmt: skip
+        body = {"prompts": list(prompts), **_media(images), "sample_ids": list(sample_ids), "metadata": list(metadata)}
         response = self._post(json.dumps(body).encode())
         try:
             payload = json.loads(response.data)

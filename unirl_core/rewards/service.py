@@ -81,7 +81,8 @@ class RewardService:
         except those in `served` (name -> a scorer on the dedicated reward actors)."""
         served = dict(served or {})
         scorers = build_scorers(config, device, skip=set(served)) | served
-        return cls(config.weights, config.guards, scorers, config.video, per_frame=list(config.remote))
+        per_frame = [name for name, remote in config.remote.items() if remote.videos == "frames"]
+        return cls(config.weights, config.guards, scorers, config.video, per_frame=per_frame)
 
     def score(
         self,

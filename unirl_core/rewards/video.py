@@ -15,6 +15,7 @@ Rewards of videos only (a video family's; refused on an image family's recipe):
 |----------------------|---------------------------------------------------------------------------|----------------|
 | frame_smoothness     | -(mean absolute luma difference of consecutive frames, luma in [0, 1])   | none           |
 | temporal_consistency | mean cosine of consecutive frames' CLIP image embeddings (at most 1)     | `reward.clip`  |
+| video_judge          | a chat VLM's P(yes) or expected digit, shown `frames` frames in order     | `reward.video_judge` |
 
 A one-frame video is as steady as a video can be: frame_smoothness 0, temporal_consistency 1.
 """
@@ -101,12 +102,16 @@ class TemporalConsistency:
 
 
 VIDEO_REWARDS = {"frame_smoothness": frame_smoothness}  # weight-free
-VIDEO_MODEL_REWARDS = {"temporal_consistency": "clip"}  # name -> its RewardConfig section
+VIDEO_MODEL_REWARDS = {"temporal_consistency": "clip", "video_judge": "video_judge"}  # name -> its RewardConfig section
 
 DESCRIPTIONS = {
     "frame_smoothness": ("video: -(mean |luma change| between consecutive frames), 0 = still", "video outputs"),
     "temporal_consistency": (
         "video: mean cosine of consecutive frames' CLIP image embeddings (<= 1)",
         "video outputs; reward.clip.model_path: a CLIP folder",
+    ),
+    "video_judge": (
+        "video: a VLM's P(yes) (or expected 1-9 digit) shown `frames` frames in order",
+        "video outputs; reward.video_judge.model_path: a local chat VLM folder (e.g. Qwen2-VL-2B-Instruct)",
     ),
 }

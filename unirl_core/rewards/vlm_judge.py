@@ -1,6 +1,6 @@
 """`vlm_judge`: a vision-language model asked a question about each image, scored by its answer-token probabilities;
-`llm_judge`: the same for text outputs (the autoregressive domain's completions), a chat LM (or VLM) asked about
-each (prompt, response) pair.
+`video_judge`: the same about each video, shown a few of its frames in order; `llm_judge`: the same for text outputs
+(the autoregressive domain's completions), a chat LM (or VLM) asked about each (prompt, response) pair.
 
 Any chat VLM that transformers loads with `AutoModelForImageTextToText` (Qwen2-VL, Qwen2.5-VL, Qwen3-VL, LLaVA,
 Idefics3, Gemma 3, ...) is asked `question` (a template; `{prompt}` becomes the image's prompt) about one image,
@@ -49,6 +49,12 @@ DEFAULT_QUESTIONS = {
     "scale": 'How well does this image match the description: "{prompt}"? '
     "Answer with one digit from 1 (not at all) to 9 (perfectly).",
 }
+VIDEO_QUESTIONS = {
+    "yes_no": 'These are frames of one video, in order. Does the video match the description: "{prompt}"? '
+    "Answer yes or no.",
+    "scale": 'These are frames of one video, in order. How well does the video match the description: "{prompt}"? '
+    "Answer with one digit from 1 (not at all) to 9 (perfectly).",
+}
 TEXT_QUESTIONS = {
     "yes_no": 'Question: "{prompt}"\nResponse: "{response}"\nIs the response correct? Answer yes or no.',
     "scale": 'Question: "{prompt}"\nResponse: "{response}"\nHow good is the response? '
@@ -82,13 +88,17 @@ class LoadedJudge:
         return ids[0]
 
     @torch.inference_mode()
-    def next_token_logits(self, images: Sequence[Image.Image], questions: Sequence[str]) -> torch.Tensor:
-        """[B, V] float32 logits of the first answer token, each image asked its question in a one-turn chat."""
+    def next_token_logits(self, images: Sequence, questions: Sequence[str]) -> torch.Tensor:
+        """[B, V] float32 logits of the first answer token, each image (or list of images: a video's frames, in
+        order) asked its question in a one-turn chat."""
         conversations = [
             [
                 {
                     "role": "user",
-                    "content": [{"type": "image", "image": image.convert("RGB")}, {"type": "text", "text": q}],
+                    "content": [
+                        *({"type": "image", "image": frame.convert("RGB")} for frame in _as_list(image)),
+                        {"type": "text", "text": q},
+                    ],
                 }
             ]
             for image, q in zip(images, questions, strict=True)
@@ -125,6 +135,10 @@ class LoadedJudge:
         positions = (mask.cumsum(-1) - 1).clamp(min=0)
         out = self.model(input_ids=inputs["input_ids"], attention_mask=mask, position_ids=positions, logits_to_keep=1)
         return out.logits[:, -1].float()
+
+
+def _as_list(image) -> list:
+    return list(image) if isinstance(image, list | tuple) else [image]
 
 
 def load_judge(path: str | Path, device: str | torch.device = "cpu", dtype: str = "float32",
@@ -245,3 +259,19 @@ class LlmJudgeScore(VlmJudgeScore):
         scores = [self.score_logits(self.judge.text_logits(questions[start : start + size]))
                   for start in range(0, len(questions), size)]  # fmt: skip
         return torch.cat(scores).numpy() if scores else np.zeros(0)
+
+
+class VideoJudgeScore(VlmJudgeScore):
+    """The `video_judge` reward: the VLM judge asked about each video, shown `frames` evenly spaced frames (first and
+    last included) as images of one chat turn, in order: P(yes) (`yes_no`) or the expected digit (`scale`)."""
+
+    reward, questions = "video_judge", VIDEO_QUESTIONS
+
+    def __init__(self, *args, frames: int = 4, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.frames = frames
+
+    def __call__(self, videos: Sequence, prompts: Sequence[str], sample_ids: Sequence[str] = ()) -> np.ndarray:
+        from unirl_core.data.video import spaced_frames
+
+        return super().__call__([list(spaced_frames(v, self.frames)) for v in videos], prompts, sample_ids)

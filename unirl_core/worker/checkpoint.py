@@ -120,7 +120,7 @@ def legacy_config_hash(config) -> str:
 # Keys added to a section since checkpoints were first written, at the value that means what their absence meant:
 # left out of the hash there, so a checkpoint written before them still resumes (set otherwise, they count).
 ADDED_KEYS = {
-    "reward": {"llm_judge": None, "video": {"frames": "first", "sample_frames": 4}},
+    "reward": {"llm_judge": None, "video": {"frames": "first", "sample_frames": 4}, "video_judge": None},
     "sampling": {"num_frames": None, "fps": None},
     "model": {"experts": None},
     "algorithm": {"dynamic_sampling": False, "max_gen_batches": 10},
@@ -136,6 +136,9 @@ def _hashed(config) -> dict:
     for key in ("steps_per_round", "micro_batch_size"):  # how the warm-up runs, not what it computes
         kept.get("warmup", {}).pop(key, None)
     kept.get("fsdp", {}).pop("reshard_after_forward", None)  # how the ranks gather, not what they compute
+    for remote in kept.get("reward", {}).get("remote", {}).values():  # an added key of every remote scorer
+        if remote.get("videos") == "frames":
+            remote.pop("videos")
     if kept.get("domain") == {"name": "diffusion"}:  # the default: hashed as before `train.domain` existed
         kept.pop("domain")
     return kept

@@ -66,6 +66,28 @@ def test_remote_scores_come_back_in_order_across_batches(score_server, images):
     assert sum((r["body"]["metadata"] for r in score_server.requests[len(bodies) :]), []) == records
 
 
+def test_remote_videos_go_as_chosen_frames_or_as_whole_mp4s(score_server):
+    from unirl_core.config.schema import VideoRewardConfig
+    from unirl_core.data.video import Video
+
+    videos = [Video(tuple(Image.new("RGB", (16, 16), (g, g, g)) for g in (40, 80, 120, 160, 200)), fps=8)] * 2
+    frames = {"judge": RemoteScorerConfig(url=score_server.url)}
+    config = RewardConfig(
+        weights={"judge": 1.0}, remote=frames, video=VideoRewardConfig(frames="mean", sample_frames=3)
+    )
+    scores = RewardService.from_config(config).score(videos, ["a", "b"], ["v0", "v1"])["judge"]
+    assert [len(r["body"]["images"]) for r in score_server.requests] == [6]  # frames 0, 2, 4 of each video
+    np.testing.assert_allclose(scores, [120 / 255] * 2, atol=1e-6)  # their mean luma, lossless PNG
+
+    score_server.reset()
+    whole = {"judge": RemoteScorerConfig(url=score_server.url, videos="mp4")}
+    config = RewardConfig(weights={"judge": 1.0}, remote=whole, video=VideoRewardConfig(frames="first"))
+    scores = RewardService.from_config(config).score(videos, ["a", "b"], ["v0", "v1"])["judge"]
+    (body,) = [r["body"] for r in score_server.requests]
+    assert "images" not in body and len(body["videos"]) == 2 and body["fps"] == [8.0, 8.0]
+    np.testing.assert_allclose(scores, [120 / 255] * 2, atol=0.01)  # every frame, through H.264
+
+
 def test_remote_retries_a_503_then_succeeds(score_server, images):
     score_server.fail_first = 2
     scores = scorer(score_server, retries=3)(images, ["p"] * 5, IDS)

@@ -305,3 +305,31 @@ class Wan22Family(WanFamily):
         for name, expert in self.trainable.items():
             getattr(base.pipeline, name).load_state_dict(merged_state(expert, self.has_lora), strict=True)
         base.pipeline.save_pretrained(str(folder))
+
+
+class WanTI2VFamily(WanFamily):
+    """Wan 2.2 TI2V-5B, text-to-video (`WanPipeline` with `expand_timesteps`): one 5 B transformer of 48 channels
+    over the high-compression VAE (z_dim 48, 16x spatial with its 2x2 patchify, 4x temporal), each latent token
+    fed its own timestep (all equal without a condition image, as the stock pipeline's all-ones mask gives). Its
+    image-to-video mode (the condition image's latents as the first latent frame, at timestep 0) is not trained
+    here yet: a prompt with a condition image is refused, naming it."""
+
+    name = "wan_ti2v"
+    latent_stride = 32  # VAE 16 x patch 2
+
+    @classmethod
+    def build_tiny(cls):
+        from unirl_core.models.families.wan.tiny import build_wan_ti2v
+
+        return build_wan_ti2v()
+
+    def velocity(self, x: torch.Tensor, sigma_B: torch.Tensor, embeds: torch.Tensor) -> torch.Tensor:
+        """The transformer's output with a timestep per latent token ([B, F x h/2 x w/2], the stock pipeline's
+        `expand_timesteps` form)."""
+        _, _, frames, height, width = x.shape
+        patch = self.trainable.config.patch_size
+        tokens = (frames // patch[0]) * (height // patch[1]) * (width // patch[2])
+        return self.trainable(
+            hidden_states=x.to(self.dtype), timestep=(sigma_B * 1000.0)[:, None].expand(-1, tokens),
+            encoder_hidden_states=embeds.to(self.device, self.dtype), return_dict=False,
+        )[0]  # fmt: skip

@@ -1,5 +1,6 @@
-"""Wan's published variants (Wan-AI/Wan2.1-T2V-1.3B-Diffusers, -T2V-14B-, -I2V-14B-480P-, Wan2.2-T2V-A14B-Diffusers):
-components for `unirl plan`, the configs as in their repos' config.json files."""
+"""Wan's published variants (Wan-AI/Wan2.1-T2V-1.3B-Diffusers, -T2V-14B-, -I2V-14B-480P-, Wan2.2-T2V-A14B-Diffusers,
+Wan2.2-TI2V-5B-Diffusers): components for `unirl plan`, the configs as in their repos' config.json files (the VAE's
+latent statistics, buffers that do not change its size, left at placeholders)."""
 
 from __future__ import annotations
 
@@ -43,5 +44,12 @@ VARIANTS: dict[str, dict] = {
         "reference_image": False,
     },
     "wan2.2-t2v-a14b": _wan(heads=40, ffn=13824, layers=40, family="wan2_2", experts=2),
+    "wan2.2-ti2v-5b": _wan(heads=24, ffn=14336, layers=30, family="wan_ti2v", in_channels=48, out_channels=48),
 }
+VARIANTS["wan2.2-ti2v-5b"]["components"]["vae"] = ("diffusers", "AutoencoderKLWan", None, {  # Wan2.2_VAE
+    "base_dim": 160, "decoder_base_dim": 256, "z_dim": 48, "dim_mult": [1, 2, 4, 4], "num_res_blocks": 2,
+    "temperal_downsample": [False, True, True], "is_residual": True, "in_channels": 12, "out_channels": 12,
+    "patch_size": 2, "scale_factor_spatial": 16, "scale_factor_temporal": 4, "latents_mean": [0.0] * 48,
+    "latents_std": [1.0] * 48,
+})  # fmt: skip
 VARIANTS["wan2.1-i2v-14b-480p"]["components"]["image_encoder"] = CLIP_H_VISION

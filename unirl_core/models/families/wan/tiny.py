@@ -90,3 +90,27 @@ def build_wan2_2():
         scheduler=FlowMatchEulerDiscreteScheduler(shift=3.0), transformer=tiny_wan_transformer(),
         transformer_2=tiny_wan_transformer(), boundary_ratio=0.875,
     )  # fmt: skip
+
+
+def build_wan_ti2v():
+    """A complete tiny Wan 2.2 TI2V-5B-style WanPipeline (`expand_timesteps`): diffusers' test sizes for its
+    high-compression VAE (z_dim 48 over 2x2-patchified pixels, 16x spatial, 4x temporal) and a transformer of 48
+    channels."""
+    from diffusers import AutoencoderKLWan, FlowMatchEulerDiscreteScheduler, WanPipeline, WanTransformer3DModel
+    from transformers import ByT5Tokenizer
+
+    tokenizer = ByT5Tokenizer()
+    vae = AutoencoderKLWan(
+        base_dim=8, z_dim=48, in_channels=12, out_channels=12, is_residual=True, patch_size=2, dim_mult=[1, 1, 1, 1],
+        num_res_blocks=1, scale_factor_spatial=16, scale_factor_temporal=4, temperal_downsample=[False, True, True],
+        latents_mean=[0.0] * 48, latents_std=[1.0] * 48,
+    )  # fmt: skip
+    transformer = WanTransformer3DModel(
+        patch_size=(1, 2, 2), num_attention_heads=2, attention_head_dim=12, in_channels=48, out_channels=48,
+        text_dim=T5_HIDDEN, freq_dim=256, ffn_dim=32, num_layers=2, cross_attn_norm=True,
+        qk_norm="rms_norm_across_heads", rope_max_seq_len=32,
+    )  # fmt: skip
+    return WanPipeline(
+        tokenizer=tokenizer, text_encoder=tiny_umt5(len(tokenizer)), vae=vae,
+        scheduler=FlowMatchEulerDiscreteScheduler(shift=3.0), transformer=transformer, expand_timesteps=True,
+    )  # fmt: skip
