@@ -107,32 +107,12 @@ def test_unirl_train_demo_llm_sigkilled_resumes_to_the_uninterrupted_run_bitwise
     """`unirl train demo_llm --local`, SIGKILLed once its first checkpoint is committed, then run again: every
     step's metrics equal those of the run never interrupted (the rows of steps run twice: the last logged; dynamic
     sampling's resume: test_dapos_dynamic_sampling_...)."""
-    import json
-    import os
-    import signal
-    import subprocess
-    import sys
-    import time
+    from sigkill import killed_then_rerun
 
     sets = ["train.reward.guards=[]"]
     config = load_recipe("demo_llm", [*sets, "train.steps=4", "train.checkpoint_every=2"]).train
     straight = train_locally(config, tmp_path / "straight")
-    output_dir = tmp_path / "killed"
-    command = [str(Path(sys.executable).parent / "unirl"), "train", "demo_llm", "--local", "--steps", "4",
-               "--checkpoint-every", "2", *[f"--set={o}" for o in [*sets, f"train.output_dir={output_dir}"]]]  # fmt: skip
-    process = subprocess.Popen(command, start_new_session=True, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
-    marker, deadline = output_dir / "checkpoints/step_00000001/trainer_state.json", time.monotonic() + 300
-    while not marker.is_file() and process.poll() is None and time.monotonic() < deadline:
-        time.sleep(0.02)
-    assert process.poll() is None, process.stdout.read().decode()[-3000:]
-    os.killpg(process.pid, signal.SIGKILL)
-    process.wait()
-    assert not (output_dir / "checkpoints/step_00000003").exists()
-    rerun = subprocess.run(command, capture_output=True, text=True, timeout=600, env=os.environ)
-    assert rerun.returncode == 0, rerun.stdout[-3000:] + rerun.stderr[-3000:]
-    rows = [json.loads(line) for line in (output_dir / "metrics.jsonl").read_text().splitlines()]
-    last = {row["step"]: row for row in comparable(rows)}
-    assert [last[step] for step in range(4)] == comparable(straight)
+    assert killed_then_rerun("demo_llm", sets, tmp_path / "killed") == comparable(straight)
 
 
 def test_unirl_train_demo_llm_local_exports_a_model_transformers_loads_and_unirl_eval_scores_it(

@@ -13,7 +13,7 @@ pytestmark = pytest.mark.slow
 
 
 @pytest.mark.parametrize("family", sorted(FAMILIES))
-def test_the_whole_chain_runs_on_the_family(family, prefect_harness, tmp_path, monkeypatch):
+def test_the_whole_chain_runs_on_the_family(family, prefect_harness, ray_local, tmp_path, monkeypatch):
     from flows.cli import demo_family_overrides, demo_prompts
     from flows.pipeline import pipeline
     from unirl_core.data.synthetic import write_synthetic_parquet
