@@ -4,6 +4,8 @@ same prompts, seeds and reward (the demo recipe: jpeg_compressibility, 2 prompts
     .venv/bin/python benchmarks/algorithms.py [--family sd3] [--steps 24] [--seeds 0,1,2] [--inference-steps 8]
     .venv/bin/python benchmarks/algorithms.py --only grpo,mixgrpo
     .venv/bin/python benchmarks/algorithms.py --family flux --only grpo --steps 16    # a family's learning claim
+    .venv/bin/python benchmarks/algorithms.py --recipe demo_video --only grpo,flow_grpo_fast --steps 16 \
+        --inference-steps 4                                # videos: the tiny Wan 2.1 (docs/video.md)
     .venv/bin/python benchmarks/algorithms.py --smoke     # seconds: 4 algorithms, 2 small steps (make test's)
 
 Each algorithm runs its defaults (its config class in unirl_core/algorithms/<name>.py) with the overrides in `TINY` below,
@@ -67,8 +69,9 @@ SMOKE = [
 ]
 
 
-def recipe(name: str, family: str, seed: int, steps: int, inference_steps: int, folder: Path, extra: list[str]):
-    """The demo recipe's train config for algorithm `name` on `family`: TINY's and the family's overrides, `extra`."""
+def recipe(name: str, family: str, seed: int, steps: int, inference_steps: int, folder: Path, extra: list[str],
+           base: str = "demo"):  # fmt: skip
+    """Recipe `base`'s train config for algorithm `name` on `family`: TINY's and the family's overrides, `extra`."""
     tiny = family_overrides(family, folder / "prompts") if FAMILIES[family] is None else FAMILIES[family]
     overrides = [
         *tiny, *TINY[name], f"train.steps={steps}", f"train.steps_per_round={steps}",
@@ -76,7 +79,7 @@ def recipe(name: str, family: str, seed: int, steps: int, inference_steps: int, 
         f"train.data.seed={seed}", f"train.output_dir={folder}", "train.ray.workers=1",
         "train.checkpoint_every=1000", "train.eval=null", *extra,  # s/step: the steps alone
     ]  # fmt: skip
-    return load_recipe("demo", overrides).train
+    return load_recipe(base, overrides).train
 
 
 def run(config) -> list[dict]:
@@ -92,6 +95,7 @@ def run(config) -> list[dict]:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--family", default="sd3", choices=sorted(FAMILIES))
+    parser.add_argument("--recipe", default="demo", help="the tiny recipe (demo_video: the tiny Wan 2.1's videos)")
     parser.add_argument("--steps", type=int, default=24)
     parser.add_argument("--inference-steps", type=int, default=8)
     parser.add_argument("--seeds", default="0,1,2")
@@ -110,13 +114,18 @@ def main() -> None:
     results = {}
     with tempfile.TemporaryDirectory() as tmp:
         if args.smoke:
-            loaded = [recipe(n, args.family, 0, args.steps, args.inference_steps, Path(tmp) / n, extra) for n in TINY]
+            loaded = [
+                recipe(n, args.family, 0, args.steps, args.inference_steps, Path(tmp) / n, extra, args.recipe)
+                for n in TINY
+            ]
             print(f"recipes load: {len(loaded)} algorithms ({', '.join(TINY)})", flush=True)
         for name in names:
             gains, finals, seconds, train = [], [], [], []
             for seed in seeds:
                 folder = Path(tmp) / f"{name}-{seed}"
-                rows = run(recipe(name, args.family, seed, args.steps, args.inference_steps, folder, extra))
+                rows = run(
+                    recipe(name, args.family, seed, args.steps, args.inference_steps, folder, extra, args.recipe)
+                )
                 rewards = [r["reward_mean"] for r in rows]
                 window = max(1, min(WINDOW, len(rewards) // 2))
                 gains.append(statistics.mean(rewards[-window:]) - statistics.mean(rewards[:window]))
@@ -126,9 +135,11 @@ def main() -> None:
             results[name] = (gains, finals, statistics.median(seconds), statistics.median(train))
             print(f"{name}: gains {[round(g, 3) for g in gains]}", flush=True)
     base = results["grpo"][2] if "grpo" in results else None
+    config = load_recipe(args.recipe, []).train
+    family = args.family if args.recipe == "demo" else config.model.family
     print(
-        f"\n{args.family}, {args.steps} RL steps, {args.inference_steps} denoising steps, seeds {seeds}, "
-        "jpeg_compressibility (-kB; higher is better)"
+        f"\n{family} ({args.recipe}), {args.steps} RL steps, {args.inference_steps} denoising steps, seeds {seeds}, "
+        f"{' + '.join(config.reward.weights)} (higher is better)"
     )
     print(f"{'algorithm':<20} {'gain per seed':<26} {'mean gain':>9} {'final':>8} {'s/step':>7} {'train s':>7} "
           f"{'vs grpo':>8}")  # fmt: skip

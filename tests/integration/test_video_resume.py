@@ -34,11 +34,20 @@ def family_config(family: str, folder):
     return seeded("demo_video", 0, 4, overrides)
 
 
-@pytest.mark.parametrize("family", ["wan_i2v", "wan_ti2v", "hunyuan_video15"])
-def test_a_video_family_gives_its_golden_steps(family, tmp_path):
-    rows = train_locally(family_config(family, tmp_path), tmp_path / "run")
+FAST = ["train.algorithm.name=flow_grpo_fast", "train.algorithm.timestep_fraction=1.0"]  # every step a candidate
+
+
+@pytest.mark.parametrize(
+    ("family", "algorithm"),
+    [("wan_i2v", "grpo"), ("wan_ti2v", "grpo"), ("hunyuan_video15", "grpo"), ("wan", "flow_grpo_fast")],
+)
+def test_a_video_family_gives_its_golden_steps(family, algorithm, tmp_path):
+    config = family_config(family, tmp_path)
+    if algorithm != "grpo":
+        config = seeded("demo_video", 0, 4, FAST)
+    rows = train_locally(config, tmp_path / "run")
     assert rows[0]["ratio_mean"] == 1.0 and all(row["grad_norm"] > 0 for row in rows)
-    check_golden("families", f"{family}/grpo/seed0", rows)
+    check_golden("families", f"{family}/{algorithm}/seed0", rows)
 
 
 def test_a_stopped_wan2_2_run_resumes_exactly_and_gives_its_golden_steps(tmp_path):
