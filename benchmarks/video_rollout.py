@@ -36,24 +36,14 @@ from unirl_core.models.registry import build_family  # noqa: E402
 def full_pipeline(folder: Path) -> str:
     """Wan 2.1-1.3B's transformer and VAE (published configs, random weights) with a 1-layer umT5 of width 4096."""
     from diffusers import AutoencoderKLWan, UniPCMultistepScheduler, WanPipeline, WanTransformer3DModel
-    from transformers import ByT5Tokenizer, UMT5Config, UMT5EncoderModel
+    from transformers import ByT5Tokenizer
 
+    from unirl_core.models.families.wan.tiny import tiny_umt5
     from unirl_core.models.real_sizes import VARIANTS
 
     transformer = WanTransformer3DModel(**VARIANTS["wan2.1-t2v-1.3b"]["components"]["transformer"][3])
     tokenizer = ByT5Tokenizer()
-    text = UMT5EncoderModel(
-        UMT5Config(
-            vocab_size=len(tokenizer),
-            d_model=4096,
-            d_kv=8,
-            d_ff=64,
-            num_layers=1,
-            num_heads=4,
-            relative_attention_num_buckets=8,
-            decoder_start_token_id=0,
-        )
-    )
+    text = tiny_umt5(len(tokenizer), width=4096)
     scheduler = UniPCMultistepScheduler(prediction_type="flow_prediction", use_flow_sigmas=True, flow_shift=3.0)
     WanPipeline(tokenizer=tokenizer, text_encoder=text, vae=AutoencoderKLWan(), scheduler=scheduler,
                 transformer=transformer).save_pretrained(folder)  # fmt: skip

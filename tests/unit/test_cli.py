@@ -121,6 +121,7 @@ def test_recipes_lists_packaged_recipes():
         "hunyuan_video15_grpo",
         "ingest_parquet",
         "pipeline_demo",
+        "pipeline_video",
         "prompts_file",
         "qwen2_5_vl_7b_grpo",
         "qwen3_8b_grpo",

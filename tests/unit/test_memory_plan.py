@@ -157,8 +157,11 @@ def test_a_vlm_recipe_plans_its_vision_tower_and_image_tokens():
     assert plan.rollout["KV cache"] * 1024**3 == pytest.approx(16 * plan.tokens * 28 * 2 * 4 * 128 * 2)
 
 
-def test_unirl_plan_of_a_causal_lm_recipe_needs_no_data_or_weights():
+def test_unirl_plan_of_a_causal_lm_recipe_needs_no_data_or_weights(monkeypatch):
     from typer.testing import CliRunner
+
+    for name in ("DATA_PATH", "MODEL_PATH"):  # `unirl demo` run in this process before sets DATA_PATH for its flow
+        monkeypatch.delenv(name, raising=False)
 
     from flows.cli import app
 

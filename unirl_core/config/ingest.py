@@ -7,6 +7,12 @@
       reorganize_tar:   {tar_chunk_size: 1000}
       generate_wdinfo:  {enable: true}
 
+With a `video` section the rows hold videos (mp4, mov, webm) instead of images, in the same columns:
+
+    ingest:
+      download_images: {url_col: url, image_bytes_col: video, caption_col: caption}
+      video: {max_seconds: 30, max_bytes: 268435456}
+
 Layout under `dataset_output_root`: `units.json` (the work plan), `raw/` (one img2dataset-style shard per work unit:
 `NNNNN.tar`, `NNNNN.parquet`, `NNNNN_stats.json` written last), `shards/` (exactly `tar_chunk_size` samples per
 tar, the tail marked `.INCOMPLETE`, `wdinfo.pkl` and `index.json`).
@@ -200,6 +206,40 @@ class DownloadImagesConfig(StrictModel):
             yield "captions_json_col", self.captions_json_col, "set caption_col or captions_json_col, not both"
 
 
+VIDEO_FORMATS = ("mp4", "mov", "webm")
+VIDEO_ROW_FIELDS = ("duration", "fps", "num_frames", "source_format")  # row and sample-JSON fields of a video
+
+
+class VideoIngestConfig(StrictModel):
+    """Video rows: `download_images.url_col` / `image_bytes_col` hold video files (mp4, mov, webm) instead of images.
+
+    Each video is fetched with the same guards as an image (scheme allow-list, address check, timeouts) under its
+    own byte cap, its container is named by its first bytes (no format probing), its duration and frame size are
+    checked from the header, then every frame is decoded once (a damaged file is found here, and a header that
+    understates the duration). An mp4 is stored byte for byte; a mov or webm is re-encoded to H.264 mp4 (CRF
+    `crf`, yuv420p, at its own size and frame rate), so every sample's video member is `<key>.mp4`. The sample's
+    JSON and the unit's parquet record `duration` (seconds), `fps`, `num_frames`, `width`, `height` and
+    `source_format`. Skips: `too_large`, `too_long`, `too_many_pixels` (`download_images.max_pixels`, per frame),
+    `not_a_video` (no mp4/mov/webm signature, or no video stream), `unsupported_format` (a video container not in
+    `formats`), `truncated` (cut short or damaged: the container cannot be read, a frame cannot be decoded, or
+    fewer frames decode than the header lists)."""
+
+    max_seconds: Annotated[float, Field(gt=0)] = 60.0
+    """Longest video in seconds, from the header and again from the decoded frames' timestamps: `too_long`."""
+
+    max_bytes: Annotated[Count, Field(ge=1)] = 256 * 1024 * 1024
+    """Largest video file in bytes (for video rows it replaces `download_images.max_bytes`): `too_large`, the read
+    stops at the cap."""
+
+    formats: list[Literal["mp4", "mov", "webm"]] = list(VIDEO_FORMATS)
+    """Containers accepted (by their signature: `ftyp` for mp4/mov, EBML with doctype webm). Others, Matroska
+    included, are `unsupported_format`."""
+
+    crf: Annotated[Count, Field(ge=0, le=51)] = 18
+    """x264's constant rate factor when a mov or webm is re-encoded (0 lossless, 18 visually lossless, 23 x264's
+    default)."""
+
+
 class ReorganizeTarConfig(StrictModel):
     """Stage 3: shards of exactly `tar_chunk_size` samples, sorted by key; the tail marked `.INCOMPLETE`."""
 
@@ -211,7 +251,7 @@ class ReorganizeTarConfig(StrictModel):
 
     file_ext_in_tar: list[str] | None = None
     """Extensions every copied sample must have; a sample missing one is skipped and counted. Empty: the image
-    extension, `txt` and `json`."""
+    extension (`mp4` for videos), `txt` and `json`."""
 
 
 class GenerateWdinfoConfig(StrictModel):
@@ -239,14 +279,25 @@ class IngestConfig(StrictModel):
     generate_wdinfo: GenerateWdinfoConfig = GenerateWdinfoConfig()
     """Stage 4: shard index."""
 
+    video: VideoIngestConfig | None = None
+    """Set (`video: {}` for the defaults) when the rows hold videos instead of images; see VideoIngestConfig."""
+
     def problems(self):
         yield from super().problems()
         if self.download_parquet.enable and not self.download_parquet.parquet_pattern:
             yield "download_parquet.parquet_pattern", [], "at least one input file, glob or URL"
+        clash = sorted(set(self.download_images.save_additional_columns) & set(VIDEO_ROW_FIELDS))
+        if self.video is not None and clash:
+            yield "download_images.save_additional_columns", clash, "named like a video row field; rename them"
+
+    @property
+    def media_extension(self) -> str:
+        """The member extension of every sample's image or video."""
+        return "mp4" if self.video is not None else self.download_images.encode_format
 
     @property
     def file_ext_in_tar(self) -> list[str]:
-        return self.reorganize_tar.file_ext_in_tar or [self.download_images.encode_format, "txt", "json"]
+        return self.reorganize_tar.file_ext_in_tar or [self.media_extension, "txt", "json"]
 
 
 __all__ = ["IngestConfig", "Problem"]

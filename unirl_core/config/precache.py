@@ -40,11 +40,12 @@ class EncoderConfig(StrictModel):
 class EncodingSpec(StrictModel):
     """One encoding stored per sample (NeMo's `encodings` entry). Several encoders per modality are allowed."""
 
-    modality: Literal["image", "text"]
-    """What the encoder reads: `image` (decoded and transformed) or `text` (the caption string)."""
+    modality: Literal["image", "text", "video"]
+    """What the encoder reads: `image` (decoded and transformed: [B, 3, H, W]), `video` (frames sampled and
+    transformed by `video_transform`: [B, 3, F, H, W]) or `text` (the caption string)."""
 
     extension: str
-    """Member extension read from the source tar (`jpg`, `png`, `txt`)."""
+    """Member extension read from the source tar (`jpg`, `png`, `mp4`, `txt`)."""
 
     key: str
     """Name of this encoding in the output (NeMo recommends `{model}-{variant}_{modality}`)."""
@@ -86,6 +87,37 @@ class ImageTransformConfig(StrictModel):
         return self
 
 
+class VideoTransformConfig(StrictModel):
+    """How source videos become encoder input: `num_frames` frames sampled at `fps` from the clip's start, each
+    resized to cover `width` x `height` and center-cropped to it, scaled to [-1, 1]: [3, F, H, W]. Part of the
+    cache's identity. Empty fields come from the recipe's `train.sampling` (`num_frames`, `fps` (else the family's
+    native rate), `width`, `height`), so the latents have the shape rollouts sample.
+
+    Frame i is the clip's frame showing at time i / fps: the last frame whose timestamp is at most that (frames
+    are repeated when fps is above the clip's rate and dropped when below). A clip shorter than (num_frames - 1)
+    / fps plus one frame is skipped as `too_short` (`short_clips: skip`, counted and listed), or padded by
+    repeating its last frame (`short_clips: pad`)."""
+
+    num_frames: Annotated[Count, Field(ge=1)] | None = None
+    """Frames per clip (Wan: (num_frames - 1) % 4 == 0). Empty: `train.sampling.num_frames`."""
+
+    fps: Annotated[float, Field(gt=0)] | None = None
+    """Rate the frames are sampled at, frames per second. Empty: `train.sampling.fps`, else the family's."""
+
+    width: Annotated[Count, Field(ge=8)] | None = None
+    """Frame width in pixels. Empty: `train.sampling.width`."""
+
+    height: Annotated[Count, Field(ge=8)] | None = None
+    """Frame height in pixels. Empty: `train.sampling.height`."""
+
+    short_clips: Literal["skip", "pad"] = "skip"
+    """A clip too short for `num_frames` at `fps`: `skip` it (`too_short`), or `pad` it with its last frame."""
+
+    @property
+    def complete(self) -> bool:
+        return None not in (self.num_frames, self.fps, self.width, self.height)
+
+
 class PrecacheConfig(StrictModel):
     """Frozen-encoder precache of WebDataset shards into encoding shards (NeMo's precache_encodings stage)."""
 
@@ -120,8 +152,8 @@ class PrecacheConfig(StrictModel):
 
     merge_source_extensions: list[str] = []
     """NeMo's merge_source_tar (`source_extensions`): after precaching, copy these source members (`json`, `jpg`)
-    next to each sample's encodings. Empty: the stage is skipped. Unless `trusted`, only images, `txt`, `json`,
-    `safetensors` and `npy` (unirl_core/precache/members.py)."""
+    next to each sample's encodings. Empty: the stage is skipped. Unless `trusted`, only images, `mp4` videos,
+    `txt`, `json`, `safetensors` and `npy` (unirl_core/precache/members.py)."""
 
     trusted: bool = False
     """True only for shards you made (or trust who did): source samples holding pickle-like or executable members
@@ -131,6 +163,10 @@ class PrecacheConfig(StrictModel):
 
     image_transform: ImageTransformConfig = ImageTransformConfig()
     """Image preprocessing before image encoders."""
+
+    video_transform: VideoTransformConfig = VideoTransformConfig()
+    """Video preprocessing before video encoders: frame sampling, resize and crop (empty fields: the recipe's
+    `train.sampling`)."""
 
     tar_chunk_size: Annotated[Count, Field(ge=1)] = 1000
     """Samples per output shard; the last shard of each task keeps a `.INCOMPLETE` marker."""
@@ -156,6 +192,10 @@ class PrecacheConfig(StrictModel):
         if isinstance(value, str) and not re.fullmatch(r"\d+-\d+", value.strip()):
             raise ValueError('an integer task count, or a range "A-B" of task ids')
         return value
+
+    @property
+    def has_video(self) -> bool:
+        return any(spec.modality == "video" for spec in self.encodings)
 
     @property
     def output_format(self) -> str:

@@ -144,6 +144,22 @@ def _fill_workspace_defaults(recipe: Recipe) -> None:
             recipe.precache.input_dir = f"{recipe.ingest.dataset_output_root.rstrip('/')}/shards"
         if recipe.precache.output_dir is None and recipe.precache.input_dir is not None:
             recipe.precache.output_dir = f"{recipe.precache.input_dir.rstrip('/').rsplit('/', 1)[0]}/precache"
+        if recipe.precache.has_video and recipe.train is not None:
+            _fill_video_transform(recipe.precache, recipe.train)
+
+
+def _fill_video_transform(precache, train) -> None:
+    """Empty `precache.video_transform` fields: the frames, rate and size the recipe's rollouts sample."""
+    sampling, transform = train.sampling, precache.video_transform
+    fps = sampling.fps
+    if fps is None and transform.fps is None:
+        from unirl_core.models.registry import family_class
+
+        fps = getattr(family_class(train.model.family), "fps", None)  # the family's native rate (Wan: 16)
+    wanted = {"num_frames": sampling.num_frames, "fps": fps, "width": sampling.width, "height": sampling.height}
+    for field, value in wanted.items():
+        if getattr(transform, field) is None:
+            setattr(transform, field, value)
 
 
 def _merge_precache_file(tree: dict, issues: list[RecipeIssue]) -> None:

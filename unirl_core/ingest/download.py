@@ -1,6 +1,7 @@
 """Stage 2, download_images: one work unit -> one raw shard with img2dataset's contract.
 
     raw/NNNNN.tar          <key>.jpg, <key>.txt, <key>.json per successful row, keys NNNNN + 4-digit row
+                           (with an `ingest.video` section: <key>.mp4, made by videos.py instead of images.py)
     raw/NNNNN.parquet      one row per input row, failures included: status, skip_reason, error_message, ...
     raw/NNNNN_stats.json   counts and the skip-reason histogram; written LAST: it is the unit's commit record
 
@@ -15,6 +16,7 @@ addresses), so two runs over the same input write the same parquet and the same 
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import re
@@ -28,11 +30,12 @@ from datetime import UTC, datetime
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from unirl_core.config.ingest import DownloadImagesConfig, IngestConfig
+from unirl_core.config.ingest import DownloadImagesConfig, IngestConfig, VideoIngestConfig
 from unirl_core.ingest.budget import judge_unit
 from unirl_core.ingest.fetch import Fetcher, FetchError, FetchPolicy
 from unirl_core.ingest.images import ImageOptions, SkipSample, process_image
 from unirl_core.ingest.plan import IngestInputError, WorkUnit, input_schema, iter_rows
+from unirl_core.ingest.videos import VideoOptions, process_video, require_av
 from unirl_core.io import storage
 from unirl_core.io.tars import TarShardWriter
 
@@ -72,9 +75,12 @@ class RowResult:
     members: dict[str, bytes] | None  # the sample's tar members, None when skipped
 
 
-def output_fingerprint(config: DownloadImagesConfig) -> str:
-    """Identity of the settings that shape a unit's output (so a re-run never mixes two settings' outputs)."""
+def output_fingerprint(config: DownloadImagesConfig, video: VideoIngestConfig | None = None) -> str:
+    """Identity of the settings that shape a unit's output (so a re-run never mixes two settings' outputs). An
+    image dataset's (no `video` section) is what it was before video existed."""
     settings = config.model_dump(mode="json", exclude=NON_OUTPUT_SETTINGS)
+    if video is not None:
+        settings["video"] = video.model_dump(mode="json")
     return hashlib.sha256(json.dumps(settings, sort_keys=True).encode()).hexdigest()[:16]
 
 
@@ -90,10 +96,11 @@ def committed_stats(root: str, unit: WorkUnit, config: IngestConfig) -> dict | N
         return None
     stats = json.loads(storage.read_text(path))
     expected = {"file": unit.file, "start": unit.start, "stop": unit.stop}
-    if stats.get("unit") != expected or stats.get("settings") != output_fingerprint(config.download_images):
+    settings = output_fingerprint(config.download_images, config.video)
+    if stats.get("unit") != expected or stats.get("settings") != settings:
         raise IngestInputError(
             f"{path} was committed for {stats.get('unit')} with settings {stats.get('settings')}, but this run plans "
-            f"{expected} with settings {output_fingerprint(config.download_images)}; use a new dataset_output_root "
+            f"{expected} with settings {settings}; use a new dataset_output_root "
             "or delete the raw/ folder to rebuild"
         )
     return stats
@@ -120,7 +127,7 @@ def download_unit(
     storage.remove_temporaries(f"{root.rstrip('/')}/raw", unit.name)  # a killed run's tar/parquet/stats
     records, reasons = [], Counter()
     with TarShardWriter(paths["tar"]) as writer, ThreadPoolExecutor(stage.download_num_threads) as pool:
-        worker = _RowWorker(unit, stage)
+        worker = _RowWorker(unit, stage, config.video)
         running, ahead = RUNNING_PER_THREAD * stage.download_num_threads, AHEAD_PER_THREAD * stage.download_num_threads
         rows = ordered_map(pool, worker, _iter_rows(unit, stage), running, ahead, on_exhausted=on_input_done)
         for result in rows:
@@ -133,8 +140,8 @@ def download_unit(
                 on_row(1)
         judge_unit(f"unit {unit.name} ({unit.file} rows {unit.start}-{unit.stop})", len(records), reasons, stage)
         shard = writer.commit()
-    _write_parquet(paths["parquet"], records, _row_schema(unit, stage))
-    stats = _stats(unit, stage, records, reasons, shard, started)
+    _write_parquet(paths["parquet"], records, _row_schema(unit, stage, config.video))
+    stats = _stats(unit, config, records, reasons, shard, started)
     with storage.permanent_errors_name(paths["stats"]):
         storage.write_bytes_atomic(paths["stats"], json.dumps(stats, indent=1, sort_keys=True).encode())
     return {**stats, COMMITTED_NOW: True}
@@ -192,8 +199,8 @@ def _iter_rows(unit: WorkUnit, stage: DownloadImagesConfig) -> Iterator[tuple[in
 class _RowWorker:
     """Turns one input row into a RowResult; runs on the unit's thread pool."""
 
-    def __init__(self, unit: WorkUnit, stage: DownloadImagesConfig):
-        self.unit, self.stage = unit, stage
+    def __init__(self, unit: WorkUnit, stage: DownloadImagesConfig, video: VideoIngestConfig | None = None):
+        self.unit, self.stage, self.video = unit, stage, video
         self.fetcher = Fetcher(
             FetchPolicy(
                 connect_timeout_s=stage.connect_timeout_s,
@@ -202,7 +209,7 @@ class _RowWorker:
                 retries=stage.retries,
                 retry_backoff_s=stage.retry_backoff_s,
                 max_redirects=stage.max_redirects,
-                max_bytes=stage.max_bytes,
+                max_bytes=stage.max_bytes if video is None else video.max_bytes,
                 allow_local_files=stage.allow_local_files,
                 allowed_private_networks=tuple(stage.allowed_private_networks),
                 allowed_schemes=tuple(stage.allowed_url_schemes),
@@ -221,6 +228,13 @@ class _RowWorker:
             max_pixels=stage.max_pixels,
             downscale_filter=stage.downscale_filter,
         )
+        if video is not None:
+            require_av()
+            options = VideoOptions(video.max_seconds, stage.max_pixels, tuple(video.formats), video.crf)
+            self.process, self.extension = functools.partial(process_video, options=options), "mp4"
+        else:
+            self.process = functools.partial(process_image, options=self.options)
+            self.extension = stage.encode_format
 
     def __call__(self, item: tuple[int, dict]) -> RowResult:
         position, raw = item
@@ -231,7 +245,7 @@ class _RowWorker:
         try:
             caption, captions = self._caption(raw)
             row["caption"] = caption
-            image = process_image(self._image_bytes(raw, url), self.options)
+            media = self.process(self._image_bytes(raw, url))
         except (SkipSample, FetchError) as exc:
             return self._skipped(row, exc.reason, str(exc))
         except Exception as exc:  # a row must never fail its unit: record it, count it, go on
@@ -239,29 +253,22 @@ class _RowWorker:
                 raise
             return self._skipped(row, "processing_error", f"{type(exc).__name__}: {exc}")
         row.update(status="success", skip_reason=None, error_message=None)
-        row.update(
-            width=image.width,
-            height=image.height,
-            original_width=image.original_width,
-            original_height=image.original_height,
-            sha256=image.sha256,
-        )
+        row.update(media.row_fields())
         meta = {k: v for k, v in row.items() if _json_safe(v)}
         if captions is not None:
             meta["captions"] = captions
         members = {
-            self.stage.encode_format: image.data,
+            self.extension: media.data,
             "txt": caption.encode("utf-8"),
             "json": json.dumps(meta, sort_keys=True, ensure_ascii=False).encode("utf-8"),
         }
         return RowResult(row, members)
 
-    @staticmethod
-    def _skipped(row: dict, reason: str, message: str) -> RowResult:
+    def _skipped(self, row: dict, reason: str, message: str) -> RowResult:
         status = "failed_to_download" if reason in DOWNLOAD_REASONS else "failed_to_resize"
         row.update(status=status, skip_reason=reason, error_message=MEMORY_ADDRESS.sub("", message)[:500])
         row.setdefault("caption", None)
-        return RowResult(_with_image_fields(row), None)
+        return RowResult(_with_media_fields(row, self.video), None)
 
     def _image_bytes(self, raw: dict, url: str | None) -> bytes:
         data = raw.get(self.stage.image_bytes_col) if self.stage.image_bytes_col else None
@@ -271,6 +278,8 @@ class _RowWorker:
             return data  # bytes win over a URL in the same row: no fetch
         if isinstance(url, str) and url.strip():
             return self.fetcher.fetch(url.strip())  # an empty body is a decode_error (process_image)
+        if data is not None and self.video is not None:
+            return data  # empty: process_video skips it as not_a_video
         if data is not None:
             raise SkipSample("decode_error", "the image bytes are empty (0 bytes) and the row has no URL")
         raise SkipSample("no_image", "the row has neither image bytes nor a URL")
@@ -315,8 +324,10 @@ def _json_safe(value) -> bool:
     return value is None or isinstance(value, str | int | float | bool | list | dict)
 
 
-def _with_image_fields(row: dict) -> dict:
+def _with_media_fields(row: dict, video: VideoIngestConfig | None) -> dict:
     for field in ("width", "height", "original_width", "original_height", "sha256"):
+        row.setdefault(field, None)
+    for field, _ in VIDEO_FIELDS if video is not None else ():
         row.setdefault(field, None)
     return row
 
@@ -336,11 +347,17 @@ ROW_FIELDS = [
     ("original_height", pa.int64()),
     ("sha256", pa.string()),
 ]
+VIDEO_FIELDS = [
+    ("duration", pa.float64()),
+    ("fps", pa.float64()),
+    ("num_frames", pa.int64()),
+    ("source_format", pa.string()),
+]  # fmt: skip  (video datasets only: an image parquet is unchanged)
 
 
-def _row_schema(unit: WorkUnit, stage: DownloadImagesConfig) -> pa.Schema:
+def _row_schema(unit: WorkUnit, stage: DownloadImagesConfig, video: VideoIngestConfig | None = None) -> pa.Schema:
     """The same columns and types in every unit's parquet, so readers can concatenate them."""
-    fields = [pa.field(name, kind) for name, kind in ROW_FIELDS]
+    fields = [pa.field(name, kind) for name, kind in ROW_FIELDS + (VIDEO_FIELDS if video is not None else [])]
     if stage.save_additional_columns:
         source = input_schema(unit.file)
         fields += [source.field(c) for c in stage.save_additional_columns if c not in dict(ROW_FIELDS)]
@@ -348,14 +365,14 @@ def _row_schema(unit: WorkUnit, stage: DownloadImagesConfig) -> pa.Schema:
 
 
 def _write_parquet(path: str, records: list[dict], schema: pa.Schema) -> None:
-    table = pa.Table.from_pylist([_with_image_fields(dict(r)) for r in records], schema=schema)
+    table = pa.Table.from_pylist(records, schema=schema)  # every record has every field (_with_media_fields)
     sink = pa.BufferOutputStream()
     pq.write_table(table, sink)
     with storage.permanent_errors_name(path):  # local writes name it already; object stores and pyarrow do not
         storage.write_bytes_atomic(path, sink.getvalue().to_pybytes())
 
 
-def _stats(unit, stage, records, reasons, shard, started) -> dict:
+def _stats(unit, config: IngestConfig, records, reasons, shard, started) -> dict:
     ended = time.time()
     statuses = Counter(r["status"] for r in records)
     return {
@@ -369,7 +386,7 @@ def _stats(unit, stage, records, reasons, shard, started) -> dict:
         "status_dict": dict(Counter(r["error_message"] for r in records if r["error_message"])),
         "skip_reasons": dict(sorted(reasons.items())),
         "unit": {"file": unit.file, "start": unit.start, "stop": unit.stop},
-        "settings": output_fingerprint(stage),
+        "settings": output_fingerprint(config.download_images, config.video),
         "tar": {
             "name": shard.name,
             "nsamples": shard.nsamples,

@@ -55,6 +55,16 @@ class StoredImage:
     sha256: str
     reencoded: bool
 
+    def row_fields(self) -> dict:
+        """The fields a row record and the sample's JSON carry for this image."""
+        return {
+            "width": self.width,
+            "height": self.height,
+            "original_width": self.original_width,
+            "original_height": self.original_height,
+            "sha256": self.sha256,
+        }
+
 
 # Raster formats a dataset image may come in. Anything else (EPS, which Pillow renders with Ghostscript, PDF, ...)
 # is refused before a decoder runs.

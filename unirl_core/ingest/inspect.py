@@ -144,7 +144,8 @@ def _encodings(members: dict[str, bytes]) -> dict:
 
 
 def sample_records(folder: str, shard_names: list[str], limit: int) -> Iterator[dict]:
-    """The first `limit` samples: key, caption, image size (from the header only) and metadata."""
+    """The first `limit` samples: key, caption, image size (from the header only) and metadata (and a video's size,
+    frames, rate and duration)."""
     if limit <= 0:
         return
     shown = 0
@@ -159,6 +160,8 @@ def sample_records(folder: str, shard_names: list[str], limit: int) -> Iterator[
                 "image": {"format": image_ext, "width": size[0], "height": size[1]} if size else None,
                 "metadata": json.loads(members["json"]) if "json" in members else None,
             }
+            if "mp4" in members and record["metadata"]:  # a video sample (ingest.video): what ingest measured
+                record["video"] = {k: record["metadata"].get(k) for k in ("width", "height", "num_frames", "fps", "duration")}  # fmt: skip
             encodings = _encodings(members)
             if encodings:
                 record["encodings"] = encodings

@@ -60,7 +60,7 @@ def stage_reorganize_tar(config: IngestConfig, units: list[WorkUnit]) -> dict:
     root = config.dataset_output_root
     stats = committed_units(config, units)
     judge_dataset(root, stats, config.download_images)
-    written = {config.download_images.encode_format, "txt", "json"}  # every sample's members (download.py)
+    written = {config.media_extension, "txt", "json"}  # every sample's members (download.py)
     raw_tars = [
         {"path": raw_paths(root, unit)["tar"], "sha256": s["tar"]["sha256"], "md5": s["tar"].get("md5"),
          "nsamples": s["tar"]["nsamples"],

@@ -26,9 +26,9 @@ PICKLE_EXTENSIONS = frozenset({"pickle", "pkl", "pyd", "pth", "pt", "ckpt", "job
 # nor `class` (WebDataset's integer label) or `com` (a word in dotted names).
 EXECUTABLE_EXTENSIONS = frozenset({"pyc", "pyo", "so", "dll", "dylib", "exe", "msi", "jar", "wasm"})
 
-MERGEABLE_EXTENSIONS = frozenset({"jpg", "jpeg", "png", "webp", "txt", "json", "safetensors", "npy"})
-"""What merge_source_tar copies unless trusted: what ingest writes (its image formats, the caption `txt`, the
-row's `json`), JPEG's other spelling, and the safe encoding formats."""
+MERGEABLE_EXTENSIONS = frozenset({"jpg", "jpeg", "png", "webp", "mp4", "txt", "json", "safetensors", "npy"})
+"""What merge_source_tar copies unless trusted: what ingest writes (its image formats, `mp4` videos, the caption
+`txt`, the row's `json`), JPEG's other spelling, and the safe encoding formats."""
 
 TRUSTED_HINT = "set precache.trusted: true only if you made these shards (or trust who did)"
 

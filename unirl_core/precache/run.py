@@ -33,6 +33,7 @@ from torch.utils.data import DataLoader
 
 from unirl_core.config.precache import EncodingSpec, PrecacheConfig
 from unirl_core.errors import UserError
+from unirl_core.ingest.videos import require_av
 from unirl_core.io import storage
 from unirl_core.io.tars import TarShardWriter
 from unirl_core.models.dtypes import DTYPES
@@ -57,6 +58,7 @@ class Encoders:
     """The configured encoders, built once per task, with the cache identity they produce."""
 
     def __init__(self, config: PrecacheConfig):
+        _check_video_transform(config)
         self.config = config
         self.device, self.dtype = resolve_device(config.device), DTYPES[config.dtype]
         self.built = {spec.key: self._build(spec) for spec in config.encodings}
@@ -79,7 +81,7 @@ class Encoders:
         per_sample: list[dict[str, np.ndarray]] = [{} for _ in batch]
         for spec in self.config.encodings:
             inputs = [sample["inputs"][spec.key] for sample in batch]
-            if spec.modality == "image":
+            if spec.modality in ("image", "video"):  # [B, 3, H, W] or [B, 3, F, H, W]
                 inputs = torch.stack(inputs).to(self.device, self.dtype)
             output = run_encoder(self.built[spec.key], inputs)
             for i, array in enumerate(self._split(spec, output, batch)):
@@ -112,9 +114,21 @@ class Encoders:
         return [output[i][mask[i]].numpy() for i in range(len(batch))]
 
 
+def _check_video_transform(config: PrecacheConfig) -> None:
+    transform = config.video_transform
+    missing = [f for f in ("num_frames", "fps", "width", "height") if getattr(transform, f) is None]
+    if config.has_video:
+        require_av()
+    if config.has_video and missing:
+        raise PrecacheError(
+            f"precache.video_transform.{missing[0]} is empty and a video encoding needs it: set it, or set "
+            f"train.sampling.{missing[0]} in the same recipe (empty video_transform fields are taken from there)"
+        )
+
+
 def cache_identity(config: PrecacheConfig, encoders: dict[str, dict] | None) -> dict:
     """What a cache holds: per encoding its spec (and, when built, the encoder's weights), the image transform
-    and the output format. Readers compare it with what they are asked for."""
+    (and the video transform, with a video encoding) and the output format. Readers compare it with what they are asked for."""
     specs = []
     for spec in config.encodings:
         entry = spec.model_dump(mode="json", exclude={"encoder_config"}) | {
@@ -123,11 +137,14 @@ def cache_identity(config: PrecacheConfig, encoders: dict[str, dict] | None) -> 
         if encoders is not None:
             entry["weights"] = encoders[spec.key]["weights"]
         specs.append(entry)
-    return {
+    identity = {
         "encodings": specs,
         "image_transform": config.image_transform.model_dump(mode="json"),
         "format": config.output_format,
     }
+    if config.has_video:  # an image cache's identity is what it was before videos
+        identity["video_transform"] = config.video_transform.model_dump(mode="json")
+    return identity
 
 
 def members_for(config: PrecacheConfig, arrays: dict[str, np.ndarray], originals: dict[str, bytes]) -> dict[str, bytes]:

@@ -4,7 +4,9 @@ Task `t` of `T` takes the contiguous slice `files[t*N//T:(t+1)*N//T]` of the SOR
 samples in source order even with several DataLoader workers: worker w decodes samples w, w+W, w+2W, ... and the
 DataLoader takes one from each worker in turn, so the output order (and the output bytes) never depend on the
 worker count. A sample that cannot be decoded is yielded as a skip (counted and listed, never replaced), and so is
-one with a member name that could escape a folder or a pickle-like/executable member (`members.py`).
+one with a member name that could escape a folder or a pickle-like/executable member (`members.py`). A video
+member gives `num_frames` frames by `video_frames.py`'s rule; a clip that cannot (too short, damaged) is a skip
+counted under its reason (`too_short: mp4: ...`).
 """
 
 from __future__ import annotations
@@ -19,9 +21,11 @@ from PIL import Image
 from torch.utils.data import IterableDataset, get_worker_info
 
 from unirl_core.config.precache import ImageTransformConfig, PrecacheConfig
+from unirl_core.ingest.images import SkipSample
 from unirl_core.io import storage
 from unirl_core.io.tars import iter_samples
 from unirl_core.precache.members import unsafe_sample_reason
+from unirl_core.precache.video_frames import video_transform
 
 
 def source_shards(input_dir: str) -> list[str]:
@@ -108,8 +112,12 @@ class SourceSamples(IterableDataset):
                 if spec.modality == "image":
                     with Image.open(io.BytesIO(data)) as image:
                         inputs[spec.key] = image_transform(image, self.config.image_transform)
+                elif spec.modality == "video":
+                    inputs[spec.key] = video_transform(data, self.config.video_transform)
                 else:
                     inputs[spec.key] = data.decode("utf-8")
+            except SkipSample as exc:  # a video too short, cut short, not a video: counted under its reason
+                return {"key": key, "skip": f"{exc.reason}: {spec.extension}: {exc}"}
             except Exception as exc:  # a corrupt member: skip and count this sample, never replace it
                 if storage.is_permanent(exc):  # ... but a full or read-only disk is not the sample's fault
                     raise

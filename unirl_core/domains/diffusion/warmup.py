@@ -2,6 +2,7 @@
 
     data = WarmupData(precache_config, batch_size=32, latent_key="sd3_latent", text_key="sd3_prompt", seed=0)
     batch = data.next_batch()             # {"keys": [B], "latents": [B,C,h,w] float32, "cond": {name: [B,...]}}
+                                          #   (a video cache: latents [B,C,F,h,w], the same code path)
     share = split_batch(batch, world)[r]  # rank r's contiguous B / world samples
     loss = family.denoising_loss(share["latents"], share["cond"], generator)
 
@@ -17,6 +18,10 @@ Latents are the posterior mean (deterministic: the same sample gives the same x0
 `latent: sample` gives its one stored draw instead, with a warning), shifted and scaled like
 `family.encode_images`; conditioning is a `PipelinePromptEncoder` encoding, unpacked into the family's
 `encode_texts` dict (float32 here; the family casts to its dtype).
+
+Videos (`modality: video` encodings, e.g. recipe `pipeline_video`): a `PipelineImageEncoder` of a video family
+stores the family's normalized latents [C, F, h, w] (Wan: [16, (frames - 1) / 4 + 1, H / 8, W / 8]); they batch,
+split over ranks (`split_batch` slices the sample axis only) and reach `family.denoising_loss` unchanged.
 """
 
 from __future__ import annotations
@@ -96,10 +101,18 @@ class WarmupData(EpochCursor):
         self.trusted = trusted or precache.trusted  # a nemo_pickle cache the recipe marks trusted
         self.latent_key, self.text_key = latent_key, text_key
         self.latent_config = self._encoder_config(latent_key, LATENT_ENCODER, IMAGE_ENCODER)
+        if self._modality(latent_key) == "video" and self.latent_config["cls"] != IMAGE_ENCODER:
+            raise ValueError(
+                f"{self.folder}: encodings[{latent_key}] holds video latents from {self.latent_config['cls']}; "
+                f"warm-up on videos needs {IMAGE_ENCODER} with the video family (family: wan)"
+            )
         self.text_config = self._encoder_config(text_key, PROMPT_ENCODER)
         self.family: str = self.text_config["family"]  # the family the conditioning is for
         self.epoch, self.batch_in_epoch = 0, 0
         self._keys: list[str] | None = None
+
+    def _modality(self, key: str) -> str:
+        return next(spec.modality for spec in self.precache.encodings if spec.key == key)
 
     def _encoder_config(self, key: str, *classes: str) -> dict[str, Any]:
         specs = {spec.key: spec.encoder_config.model_dump() for spec in self.precache.encodings}
@@ -171,7 +184,8 @@ class WarmupData(EpochCursor):
         return np.random.default_rng([self.seed, epoch]).permutation(len(self._keys))
 
     def next_batch(self) -> dict:
-        """{"keys": [B], "latents": float32 [B,C,h,w], "cond": {"embeds": float32 [B,T,D][, "pooled": [B,P]]}}."""
+        """{"keys": [B], "latents": float32 [B,C,h,w] or [B,C,F,h,w], "cond": {"embeds": float32 [B,T,D][,
+        "pooled": [B,P]]}}."""
         self._load()
         if self.batch_in_epoch == self.batches_per_epoch:
             self.epoch, self.batch_in_epoch = self.epoch + 1, 0

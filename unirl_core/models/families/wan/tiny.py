@@ -17,12 +17,12 @@ from __future__ import annotations
 from unirl_core.models.tiny import T5_HIDDEN
 
 
-def tiny_umt5(vocab_size: int):
-    """A 1-layer umT5 encoder of width T5_HIDDEN (Wan's text encoder class)."""
+def tiny_umt5(vocab_size: int, width: int = T5_HIDDEN):
+    """A 1-layer umT5 encoder of `width` (Wan's text encoder class; 4096: the real conditioning width)."""
     from transformers import UMT5Config, UMT5EncoderModel
 
     return UMT5EncoderModel(
-        UMT5Config(vocab_size=vocab_size, d_model=T5_HIDDEN, d_kv=8, d_ff=64, num_layers=1, num_heads=4,
+        UMT5Config(vocab_size=vocab_size, d_model=width, d_kv=8, d_ff=64, num_layers=1, num_heads=4,
                    relative_attention_num_buckets=8, decoder_start_token_id=0)
     )  # fmt: skip
 
