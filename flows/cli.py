@@ -515,13 +515,19 @@ def demo(
     family: Annotated[
         str, typer.Option(help="Model family of the tiny model trained (`unirl families` lists them).")
     ] = "sd3",
+    video: Annotated[bool, typer.Option("--video", help="Video clips through the chain on the tiny Wan 2.1.")] = False,
     set_: Annotated[list[str] | None, typer.Option("--set", "-s", help="Override: dotted.key=value.")] = None,
 ) -> None:
     """The whole pipeline on this machine's CPU: a synthetic dataset (procedural images + captions) -> ingest ->
     precache -> a supervised warm-up round -> 3 RL rounds on 2 Ray workers; prints what happened and where to look.
-    `--family flux` runs the same chain on that family's tiny model (its VAE latents, its conditioning)."""
+    `--family flux` runs the same chain on that family's tiny model (its VAE latents, its conditioning); `--video`
+    runs `pipeline_video` on synthetic clips (plus bad ones) with the tiny Wan 2.1."""
     from unirl_core.data.synthetic import write_synthetic_parquet
     from unirl_core.workspace import workspace as current
+
+    if video:
+        _video_demo(current().ensure().root / "data" / "pipeline_video-source", rows, set_)
+        return
 
     source = current().ensure().root / "data" / "pipeline_demo-source"
     overrides = demo_family_overrides(family)
@@ -533,6 +539,22 @@ def demo(
     typer.echo(f"synthetic dataset: {parquet} ({rows} good rows + 3 bad ones)")
     named = [] if family == "sd3" else [f"name=pipeline_demo_{family}"]  # its own outputs and registered model
     _run_pipeline(_recipe("pipeline_demo", [*named, *overrides, *(set_ or [])]))
+
+
+def _video_demo(source: Path, rows: int, set_: list[str] | None) -> None:
+    """`pipeline_video` on `rows` synthetic clips (plus bad ones) and their captions as the RL prompts."""
+    from unirl_core.data.synthetic_video import synthetic_video_prompts, write_synthetic_video_parquet
+    from unirl_core.io.storage import write_bytes_atomic
+
+    parquet, prompts = source / f"synthetic-video-{rows}.parquet", source / f"video-prompts-{rows}.txt"
+    if not parquet.is_file():
+        write_synthetic_video_parquet(str(parquet), rows=rows)
+    if not prompts.is_file():
+        write_bytes_atomic(str(prompts), "\n".join(synthetic_video_prompts(rows)).encode() + b"\n")
+    os.environ.setdefault("INPUT_PARQUET", str(parquet))
+    os.environ.setdefault("DATA_PATH", str(prompts))
+    typer.echo(f"synthetic video dataset: {parquet} ({rows} good clips + bad ones)")
+    _run_pipeline(_recipe("pipeline_video", set_))
 
 
 def demo_prompts(family: str, folder: Path, rows: int) -> str:
