@@ -10,7 +10,6 @@ worker and an MLflow server, on free loopback ports), one server for the module,
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 import signal
@@ -173,26 +172,36 @@ def test_deployments_run_trigger_schedule_and_cancel(served):
         assert not {"Failed", "Crashed"} & set(states), states
         return "Completed" in states
 
-    # the pipeline's ingest committed a new dataset -> its event triggered retrain (not a scheduled run), which runs
-    # beside the pipeline: it is cancelled as soon as its training round has Ray up, so that the two runs share the
-    # cores no longer than that
-    def triggered_retrains():
-        pipeline_finished()  # a failed pipeline run fails the test now, with its states
-        return [r for r in runs_of(env, "pipeline-recipe/retrain") if not r.auto_scheduled]
+    wait_for(pipeline_finished, 300, "the pipeline deployment's run")
 
-    triggered = wait_for(triggered_retrains, 120, "a triggered retrain")
+    client = MlflowClient(env["MLFLOW_TRACKING_URI"])
+    record = json.loads((root / "pipeline-out" / "mlflow_run.json").read_text())
+    run = client.get_run(record["run_id"])
+    assert len(client.get_metric_history(run.info.run_id, metric_key("reward_mean"))) == 2
+    assert run.data.tags["prefect.flow_run_id"]
+    assert client.get_model_version_by_alias("unirl-pipeline_demo", "candidate").run_id == run.info.run_id
+    champion = client.get_model_version_by_alias("unirl-pipeline_demo", "champion")  # the gate ran: the first version
+    assert champion.run_id == run.info.run_id and champion.tags["unirl.promotion"] == "promoted"
+
+    # the pipeline's ingest committed a new dataset -> its event triggered retrain (not a scheduled run)
+    triggered = wait_for(
+        lambda: [r for r in runs_of(env, "pipeline-recipe/retrain") if not r.auto_scheduled], 60, "a triggered retrain"
+    )
     upcoming = [r for r in runs_of(env, "pipeline-recipe/retrain") if r.auto_scheduled and r.state_name == "Scheduled"]
     assert upcoming and all(r.expected_start_time.hour == 3 for r in upcoming)  # the nightly cron
 
+    # the same event exported the dataset to BAGEL's format, its resource rendered into the `source` parameter
+    exported = wait_for(lambda: [r for r in runs_of(env, "bagel-export/bagel-export") if r.state_name == "Completed"],
+                        180, "the triggered BAGEL export")  # fmt: skip
+    source = exported[0].parameters["source"]
+    assert "{{" not in source and (Path(source) / "shards").is_dir(), source
+    info = json.loads((Path(f"{source}-bagel") / "t2i" / "dataset_info.json").read_text())
+    assert info["num_total_samples"] > 0
+
     # retrain reaches its training rounds (Ray up), then is cancelled: nothing of its Ray is left running
     record_path = root / "retrain-out" / "ray_processes.json"
-
-    def ray_record():
-        pipeline_finished()
-        with contextlib.suppress(OSError, ValueError):  # not there yet, or being written
-            return json.loads(record_path.read_text())
-
-    recorded = wait_for(ray_record, 300, "retrain's training round to start Ray")
+    wait_for(record_path.is_file, 300, "retrain's training round to start Ray")
+    recorded = json.loads(record_path.read_text())
     cancel = subprocess.run([str(BIN / "prefect"), "flow-run", "cancel", str(triggered[0].id)], env=env,
                             capture_output=True, text=True, timeout=60)  # fmt: skip
     assert cancel.returncode == 0, cancel.stdout + cancel.stderr
@@ -203,24 +212,6 @@ def test_deployments_run_trigger_schedule_and_cancel(served):
         return not [e for e in recorded["processes"] if psutil.pid_exists(e["pid"])]
 
     wait_for(ray_gone, 30, "the cancelled run's Ray processes to exit")
-
-    wait_for(pipeline_finished, 300, "the pipeline deployment's run")
-    client = MlflowClient(env["MLFLOW_TRACKING_URI"])
-    record = json.loads((root / "pipeline-out" / "mlflow_run.json").read_text())
-    run = client.get_run(record["run_id"])
-    assert len(client.get_metric_history(run.info.run_id, metric_key("reward_mean"))) == 2
-    assert run.data.tags["prefect.flow_run_id"]
-    assert client.get_model_version_by_alias("unirl-pipeline_demo", "candidate").run_id == run.info.run_id
-    champion = client.get_model_version_by_alias("unirl-pipeline_demo", "champion")  # the gate ran: the first version
-    assert champion.run_id == run.info.run_id and champion.tags["unirl.promotion"] == "promoted"
-
-    # the same event exported the dataset to BAGEL's format, its resource rendered into the `source` parameter
-    exported = wait_for(lambda: [r for r in runs_of(env, "bagel-export/bagel-export") if r.state_name == "Completed"],
-                        180, "the triggered BAGEL export")  # fmt: skip
-    source = exported[0].parameters["source"]
-    assert "{{" not in source and (Path(source) / "shards").is_dir(), source
-    info = json.loads((Path(f"{source}-bagel") / "t2i" / "dataset_info.json").read_text())
-    assert info["num_total_samples"] > 0
 
 
 def test_sigterm_stops_every_process_serve_started(served):

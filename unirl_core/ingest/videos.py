@@ -180,7 +180,8 @@ class _Mp4Encoder:
         self.container = av.open(self.buffer, mode="w", format="mp4")
         self.stream = self.container.add_stream("libx264", rate=Fraction(rate).limit_denominator(1001))
         self.stream.width, self.stream.height = width + width % 2, height + height % 2
-        self.stream.pix_fmt, self.stream.options = "yuv420p", {"crf": str(crf)}
+        # one encoder thread: frame-threaded x264 may give other bytes on a loaded machine (a re-run must equal)
+        self.stream.pix_fmt, self.stream.options = "yuv420p", {"crf": str(crf), "threads": "1"}
 
     def add(self, frame) -> None:
         import av
