@@ -180,8 +180,9 @@ class _Mp4Encoder:
         self.container = av.open(self.buffer, mode="w", format="mp4")
         self.stream = self.container.add_stream("libx264", rate=Fraction(rate).limit_denominator(1001))
         self.stream.width, self.stream.height = width + width % 2, height + height % 2
-        # one encoder thread: frame-threaded x264 may give other bytes on a loaded machine (a re-run must equal)
-        self.stream.pix_fmt, self.stream.options = "yuv420p", {"crf": str(crf), "threads": "1"}
+        self.stream.pix_fmt, self.stream.options = "yuv420p", {"crf": str(crf)}
+        # one encoder thread: threaded x264 (frame threads, lookahead) may give other bytes on a loaded machine
+        self.stream.codec_context.thread_count, self.stream.codec_context.thread_type = 1, "NONE"
 
     def add(self, frame) -> None:
         import av
