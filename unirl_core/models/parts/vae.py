@@ -17,6 +17,13 @@ class VaeCodec:
         """Images per VAE decode call: `chunk`, else the recipe's `vae_decode_batch` (8 by default)."""
         return chunk or getattr(self, "vae_decode_batch", 8)
 
+    def latent_stats(self, dtype) -> tuple[torch.Tensor, torch.Tensor]:
+        """A Wan-style VAE's per-channel latents_mean and latents_std (Qwen-Image's, Wan's), [1, C, 1, 1, 1]."""
+        config = self.pipeline.vae.config
+        mean = torch.tensor(config.latents_mean).view(1, config.z_dim, 1, 1, 1).to(self.device, dtype)
+        std = torch.tensor(config.latents_std).view(1, config.z_dim, 1, 1, 1).to(self.device, dtype)
+        return mean, std
+
     @torch.no_grad()
     def decode(self, latents: torch.Tensor, chunk: int | None = None):
         """Scaled latents -> PIL images (VAE decode in chunks of `decode_batch(chunk)`)."""

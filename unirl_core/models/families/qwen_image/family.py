@@ -190,19 +190,12 @@ class QwenImageFamily(Family):
 
     # --- VAE ----------------------------------------------------------------------------------------------------
 
-    def _latent_stats(self, dtype) -> tuple[torch.Tensor, torch.Tensor]:
-        """The VAE's per-channel latents_mean and latents_std, [1, C, 1, 1, 1]."""
-        config = self.pipeline.vae.config
-        mean = torch.tensor(config.latents_mean).view(1, config.z_dim, 1, 1, 1).to(self.device, dtype)
-        std = torch.tensor(config.latents_std).view(1, config.z_dim, 1, 1, 1).to(self.device, dtype)
-        return mean, std
-
     @torch.no_grad()
     def decode(self, latents: torch.Tensor, chunk: int | None = None):
         """Scaled latents [B, C, h, w] -> PIL images: z = x / (1 / std) + mean (the pipeline's arithmetic), decoded
         as one-frame videos."""
         vae, images, chunk = self.pipeline.vae, [], self.decode_batch(chunk)
-        mean, std = self._latent_stats(vae.dtype)
+        mean, std = self.latent_stats(vae.dtype)
         for start in range(0, latents.shape[0], chunk):
             part = latents[start : start + chunk, :, None].to(self.device, vae.dtype) / (1.0 / std) + mean
             decoded = vae.decode(part, return_dict=False)[0][:, :, 0]
@@ -215,7 +208,7 @@ class QwenImageFamily(Family):
         latents_std, encoded as one-frame videos (the edit pipeline's `_encode_vae_image`). `encode_images` (PIL)
         and the precache's `PipelineImageEncoder` both come here."""
         vae = self.pipeline.vae
-        mean, std = self._latent_stats(vae.dtype)
+        mean, std = self.latent_stats(vae.dtype)
         latents = (vae.encode(pixels.to(self.device, vae.dtype)[:, :, None]).latent_dist.mode() - mean) / std
         return latents[:, :, 0].float()
 

@@ -103,19 +103,12 @@ class WanFamily(Family):
 
     # --- VAE ----------------------------------------------------------------------------------------------------
 
-    def _latent_stats(self, dtype) -> tuple[torch.Tensor, torch.Tensor]:
-        """The VAE's per-channel latents_mean and latents_std, [1, C, 1, 1, 1]."""
-        config = self.pipeline.vae.config
-        mean = torch.tensor(config.latents_mean).view(1, config.z_dim, 1, 1, 1).to(self.device, dtype)
-        std = torch.tensor(config.latents_std).view(1, config.z_dim, 1, 1, 1).to(self.device, dtype)
-        return mean, std
-
     @torch.no_grad()
     def decode(self, latents: torch.Tensor, chunk: int | None = None) -> list[Video]:
         """Normalized latents [B, C, F, h, w] -> `Video`s: z = x / (1 / std) + mean (the pipeline's arithmetic),
         decoded `decode_batch(chunk)` videos per VAE call (the VAE itself decodes frame by frame)."""
         vae, videos, chunk = self.pipeline.vae, [], self.decode_batch(chunk)
-        mean, std = self._latent_stats(vae.dtype)
+        mean, std = self.latent_stats(vae.dtype)
         for start in range(0, latents.shape[0], chunk):
             part = latents[start : start + chunk].to(self.device, vae.dtype) / (1.0 / std) + mean
             decoded = vae.decode(part, return_dict=False)[0]
@@ -128,7 +121,7 @@ class WanFamily(Family):
         """Pixels [B, 3, F, H, W] (or [B, 3, H, W]: one frame) in [-1, 1] -> normalized latents float32:
         (posterior mean - latents_mean) / latents_std."""
         vae = self.pipeline.vae
-        mean, std = self._latent_stats(vae.dtype)
+        mean, std = self.latent_stats(vae.dtype)
         video = pixels if pixels.ndim == 5 else pixels[:, :, None]
         return ((vae.encode(video.to(self.device, vae.dtype)).latent_dist.mean - mean) / std).float()
 
@@ -183,7 +176,7 @@ class WanI2VFamily(WanFamily):
         image = pipe.video_processor.preprocess(images, height=height, width=width).to(self.device, torch.float32)
         frames = torch.zeros(image.shape[0], 3, self.num_frames - 1, height, width, device=self.device)
         video = torch.cat([image[:, :, None], frames], dim=2).to(vae.dtype)
-        mean, std = self._latent_stats(torch.float32)
+        mean, std = self.latent_stats(torch.float32)
         latents = (vae.encode(video).latent_dist.mode().float() - mean) / std
         stride = pipe.vae_scale_factor_temporal
         mask = torch.zeros(image.shape[0], stride, latents.shape[2], *latents.shape[-2:], device=self.device)
